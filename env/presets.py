@@ -1,0 +1,146 @@
+"""Levels are data: one table says what each level sets (SPEC "Levels"; the procedure's values are the contract).
+
+A level has one or more wrapper runs (level 1 has two), optional variants (level 2), extra Hydra overrides (level 3)
+and the deliverable text it claims when it passes. The runner (`sessions/level.py`) merges BASE, the level's env,
+the variant's env and the run's env, in that order; no level has its own code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WRAPPER = "tests/special_e2e/run_ppo_trainer_megatron.sh"
+
+# The procedure's Level 0 exports, shared by every level.
+BASE_ENV: dict[str, str] = {
+    "ENGINE": "vllm",
+    "USE_MBRIDGE": "True",
+    "VANILLA_MBRIDGE": "False",
+    "VALUE_VANILLA_MBRIDGE": "False",
+    "LORA_RANK": "4",
+    "USE_MEGATRON_FSDP": "False",
+    "COMMON_PP": "1",
+    "COMMON_VPP": "null",
+    "COMMON_CP": "1",
+    "COMMON_TP": "1",
+    "INFER_TP": "1",
+    "ALL_OFFLOAD": "False",
+    "TOTAL_TRAIN_STEPS": "1",
+    "SAVE_FREQ": "-1",
+    "VAL_BEFORE_TRAIN": "False",
+    "TEST_FREQ": "-1",
+}
+
+# Without Apex's fused_weight_gradient_mlp_cuda (and for Megatron-FSDP) the model build needs these three.
+GRAD_ACCUM_FUSION_OFF: tuple[str, ...] = tuple(
+    f"++{role}.megatron.override_transformer_config.gradient_accumulation_fusion=False"
+    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+)
+
+RUNTIME_ENV_PYTHONPATH = "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={}"
+NO_PROFILER = "global_profiler.tool=null"
+NO_REWARD_MODEL = "reward.reward_model.enable=False"
+ENFORCE_EAGER = "actor_rollout_ref.rollout.enforce_eager=True"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One invocation of the wrapper inside a level."""
+
+    name: str  # "main", or "A"/"B" for save/resume
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Level:
+    number: int
+    title: str  # "LoRA + DDP smoke"
+    proves: str  # what a Pass shows, for the Result sentence
+    env: dict[str, str] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    runs: tuple[RunSpec, ...] = (RunSpec("main"),)
+    variants: dict[str, dict[str, str]] = field(default_factory=dict)
+    default_variant: str | None = None
+    # what "Requested variants" names for this level (None: level 0 requests no variant)
+    variant_deliverable: str | None = None
+    # the level needs its own checkpoint directory (trainer.default_local_dir) for the series
+    owns_checkpoints: bool = False
+
+
+LEVELS: dict[int, Level] = {
+    0: Level(
+        0,
+        "LoRA + DDP smoke",
+        "verl imported the local Bridge provider, applied LoRA, wrapped with Megatron DDP, built the optimizer, "
+        "wired rollout/ref/critic and finished a PPO step",
+    ),
+    1: Level(
+        1,
+        "save/resume",
+        "verl-owned checkpointing saved and reloaded the Bridge-built model state",
+        runs=(
+            RunSpec("A", {"SAVE_FREQ": "1", "TOTAL_TRAIN_STEPS": "1"}),
+            RunSpec("B", {"RESUME_MODE": "auto", "SAVE_FREQ": "1", "TOTAL_TRAIN_STEPS": "2"}),
+        ),
+        variant_deliverable="save/resume",
+        owns_checkpoints=True,
+    ),
+    2: Level(
+        2,
+        "parallel stress",
+        "provider parameters stayed correct under non-trivial parallel Megatron state",
+        variants={
+            "dense": {"COMMON_TP": "2", "COMMON_PP": "2", "COMMON_VPP": "null", "COMMON_CP": "1", "INFER_TP": "2"},
+            "moe": {"COMMON_EP": "2", "COMMON_ETP": "1", "ROUTING_REPLAY_MODE": "disabled"},
+        },
+        default_variant="dense",
+        variant_deliverable="parallelism stress",
+    ),
+    3: Level(
+        3,
+        "Megatron-FSDP",
+        "the same provider ran with verl selecting Megatron-FSDP instead of DDP",
+        env={
+            "USE_MEGATRON_FSDP": "True",
+            "ALL_OFFLOAD": "False",
+            "COMMON_PP": "1",
+            "COMMON_VPP": "null",
+            "COMMON_CP": "1",
+            "COMMON_TP": "1",
+            "INFER_TP": "1",
+        },
+        overrides=GRAD_ACCUM_FUSION_OFF,
+        variant_deliverable="Megatron-FSDP",
+    ),
+    4: Level(
+        4,
+        "architecture-specific e2e",
+        "the architecture-specific path ran end to end under verl",
+        variant_deliverable="architecture-specific run",
+    ),
+    5: Level(
+        5,
+        "learning signal",
+        "metrics moved in the expected direction over a short run without NaN, zero or frozen updates",
+        env={"TOTAL_TRAIN_STEPS": "20", "SAVE_FREQ": "-1", "VAL_BEFORE_TRAIN": "True", "TEST_FREQ": "10"},
+        variant_deliverable="learning-signal",
+    ),
+}
+
+
+def level_env(level: Level, variant: str | None, run: RunSpec) -> dict[str, str]:
+    """BASE < level < variant < run: the wrapper environment of one run of a level."""
+    env = dict(BASE_ENV)
+    env.update(level.env)
+    if variant is not None:
+        env.update(level.variants[variant])
+    env.update(run.env)
+    return env
+
+
+def parallel_size(env: dict[str, str]) -> int:
+    """GPUs one model replica needs: TP x PP x CP (the wrapper's defaults are 2 each when unset)."""
+    size = 1
+    for key in ("COMMON_TP", "COMMON_PP", "COMMON_CP"):
+        size *= int(env.get(key, "2"))
+    return size
