@@ -15,8 +15,37 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_USAGE, EXIT_BLOCKED = 0, 1, 2, 3
 EXIT_BY_RESULT = {"Pass": EXIT_PASS, "Fail": EXIT_FAIL, "Blocked": EXIT_BLOCKED}
 
 
+# Tasks that run another task elsewhere (`invoke remote --host H level1 --model M`): everything from the first
+# positional token after their own flags is the forwarded task line, not a second local task.
+FORWARDING_TASKS = ("remote", "slurm")
+_forwarded: dict[str, list[str]] = {}
+
+
+def forwarded_args(task_name: str) -> list[str]:
+    """The task line given after a forwarding task's own flags (empty when none)."""
+    return list(_forwarded.get(task_name, []))
+
+
+def split_forwarded(tokens: list[str], value_flags: dict[str, set[str]]) -> tuple[list[str], dict[str, list[str]]]:
+    """Cut `tokens` after a forwarding task's own flags. value_flags: task -> its flags that take a value."""
+    for i, tok in enumerate(tokens):
+        if tok.startswith("-"):
+            continue
+        if tok not in value_flags:
+            return tokens, {}  # the first task named is not a forwarding one
+        own_flags, j = value_flags[tok], i + 1
+        while j < len(tokens) and tokens[j].startswith("-"):
+            flag = tokens[j]
+            j += 2 if ("=" not in flag and flag in own_flags) else 1
+        return tokens[:j], {tok: tokens[j:]} if j < len(tokens) else {}
+    return tokens, {}
+
+
 def install_parse_error_exit_code() -> None:
-    """invoke exits 1 on an unknown flag; SPEC says bad invocation is 2. Called while tasks.py loads."""
+    """invoke exits 1 on an unknown flag; SPEC says bad invocation is 2. Also cuts forwarded task lines.
+
+    Called while tasks.py loads (invoke loads the collection before it parses task arguments).
+    """
     from invoke.program import Program
 
     if getattr(Program.parse_tasks, "_bad_usage_is_2", False):
@@ -25,6 +54,17 @@ def install_parse_error_exit_code() -> None:
 
     @functools.wraps(original)
     def parse_tasks(self: Program) -> None:
+        value_flags = {}
+        for name in FORWARDING_TASKS:
+            if name in self.collection.tasks:
+                flags = set()
+                for arg in self.collection[name].get_arguments():
+                    if arg.takes_value:
+                        flags.update(("--" if len(n) > 1 else "-") + n.replace("_", "-") for n in arg.names)
+                value_flags[name] = flags
+        self.core.unparsed, found = split_forwarded(list(self.core.unparsed), value_flags)
+        _forwarded.clear()
+        _forwarded.update(found)
         try:
             original(self)
         except ParseError as e:

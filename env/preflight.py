@@ -1,0 +1,346 @@
+"""Preflight (SPEC "Preflight"): every check that can stop a run before verl starts, each with its fix.
+
+A check returns `Check`s and may adjust the run (env to set or drop, Hydra overrides, Limitations) — e.g. no nsys
+appends `global_profiler.tool=null`. Checks are a list of functions so that `doctor` runs them all and a level stops
+at the first Blocked one. With `probe=False` (dry-run) nothing is executed: only environment, PATH and file checks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from data.gsm8k import validate_parquet
+from env import presets
+from env.gpus import detect_gpus
+from env.pythonpath import ImportProbe, ProbeError, is_under, probe_imports
+from env.repos import MEGATRON_LM, RepoState
+from env.settings import Resolved
+
+OK, WARN, BLOCKED, SKIPPED = "ok", "warn", "blocked", "skipped"
+IMAGE_MEGATRON_LM = Path("/workspace/Megatron-LM")  # the wrapper prepends it to PYTHONPATH
+MIN_FREE_GIB, WARN_FREE_GIB = 1.0, 20.0
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | blocked | skipped
+    detail: str
+    fix: str | None = None
+    category: str | None = None  # verdict category when blocked
+
+    def to_json(self) -> dict:
+        return self.__dict__.copy()
+
+
+@dataclass
+class RunContext:
+    """What preflight knows and decides about one level run."""
+
+    settings: Resolved
+    bridge: RepoState
+    verl: RepoState
+    pythonpath: str
+    wrapper_env: dict[str, str]  # the level preset env (for TP x PP x CP)
+    python: str = "python3"
+    probe: bool = True  # False in dry-run: run nothing
+    no_reward_model: bool = False
+    image_python: bool = False  # running in the container's own Python (nox -s verl)
+    dummy_config: Path | None = None
+    download: bool = False
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    # decisions
+    env: dict[str, str] = field(default_factory=dict)  # set for the run
+    drop_env: list[str] = field(default_factory=list)  # removed for the run
+    overrides: list[str] = field(default_factory=list)  # Hydra overrides appended by preflight
+    limitations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    imports: ImportProbe | None = None
+    model_path: Path | None = None
+    evidence: dict = field(default_factory=dict)  # facts for the report (bridge file, worker file, ...)
+
+
+CheckFn = Callable[[RunContext], Iterable[Check]]
+
+
+def check_repos(ctx: RunContext) -> Iterable[Check]:
+    yield Check("Bridge checkout", OK, f"{ctx.bridge.path} @ {ctx.bridge.describe()}")
+    yield Check("verl checkout", OK, f"{ctx.verl.path} @ {ctx.verl.describe()} (has {presets.WRAPPER})")
+
+
+def check_imports(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 2: the driver imports *this* Bridge, Megatron-LM and verl."""
+    if not ctx.probe:
+        yield Check("driver imports", SKIPPED, "dry-run: import probe not run")
+        return
+    try:
+        ctx.imports = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path))
+    except ProbeError as e:
+        yield Check("driver imports", BLOCKED, str(e), "set VERL_PYTHON / --python to the Python that runs verl",
+                    "env-dependency")
+        return
+    bridge_src = Path(ctx.bridge.path) / "src"
+    bridge_file = ctx.imports.file_of("megatron.bridge")
+    ctx.evidence["bridge_file"] = bridge_file
+    if not is_under(bridge_file, bridge_src):
+        where = bridge_file or ctx.imports.error_of("megatron.bridge")
+        yield Check("megatron.bridge is the local checkout", BLOCKED, f"megatron.bridge resolves to {where}",
+                    f"put {bridge_src} first on PYTHONPATH (or uninstall the megatron-bridge wheel)", "wrong-bridge")
+        return
+    err = ctx.imports.error_of("megatron.bridge")
+    if err:
+        yield Check("megatron.bridge imports", BLOCKED, f"{bridge_file}: {err}",
+                    "install the missing dependency in the run's Python (or run inside the verl image: "
+                    "nox -s verl -- ...)", "env-dependency")
+        return
+    yield Check("megatron.bridge is the local checkout", OK, bridge_file)
+
+    core_file = ctx.imports.file_of("megatron.core")
+    expected_core = Path(ctx.bridge.path) / MEGATRON_LM
+    ctx.evidence["core_file"] = core_file
+    if is_under(core_file, expected_core):
+        yield Check("megatron.core origin", OK, f"{core_file} (Bridge's {MEGATRON_LM})")
+    else:
+        yield Check("megatron.core origin", WARN, f"megatron.core comes from {core_file or ctx.imports.error_of('megatron.core')}, "
+                    f"not {expected_core}", f"check out the {MEGATRON_LM} submodule (git submodule update --init)")
+    if (IMAGE_MEGATRON_LM / "megatron" / "core").is_dir():
+        ctx.notes.append(f"the wrapper prepends {IMAGE_MEGATRON_LM} to PYTHONPATH: megatron.core in the run comes from there")
+        yield Check("image Megatron-LM shadowing", WARN, f"{IMAGE_MEGATRON_LM} exists and the wrapper puts it first",
+                    "expected in the verl image; record which megatron.core the run used")
+
+    verl_file = ctx.imports.file_of("verl")
+    ctx.evidence["verl_file"] = verl_file
+    if not is_under(verl_file, Path(ctx.verl.path)):
+        yield Check("verl is the local checkout", BLOCKED,
+                    f"verl resolves to {verl_file or ctx.imports.error_of('verl')}, not {ctx.verl.path}",
+                    "the wrapper and the verl package must be one release: put VERL_REPO on PYTHONPATH",
+                    "env-dependency")
+        return
+    yield Check("verl is the local checkout", OK, verl_file)
+
+
+def check_modelopt(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 4: modelopt is needed on verl's checkpoint paths."""
+    if ctx.imports is None:
+        yield Check("modelopt", SKIPPED, "needs the import probe")
+    elif ctx.imports.raw.get("modelopt"):
+        yield Check("modelopt", OK, "nvidia-modelopt importable")
+    else:
+        yield Check("modelopt", BLOCKED, "nvidia-modelopt is not importable in the run's Python",
+                    "invoke install-modelopt", "env-dependency")
+
+
+def check_data(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 5: the GSM8K parquet files open and have verl's columns."""
+    for name in ("train_files", "val_files"):
+        path = ctx.settings.values[name]
+        problems = validate_parquet(path)
+        if problems:
+            yield Check(f"data {name.upper()}", BLOCKED, "; ".join(problems[:3]),
+                        "invoke prep-data (or set TRAIN_FILES / VAL_FILES)", "data")
+        else:
+            yield Check(f"data {name.upper()}", OK, str(path))
+
+
+def check_model(ctx: RunContext) -> Iterable[Check]:
+    s = ctx.settings
+    path = s.model_path or Path.home() / "models" / s.model_id
+    ctx.model_path = path
+    if ctx.dummy_config is not None:
+        if not ctx.dummy_config.is_file():
+            yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} does not exist",
+                        "pass --dummy-config a minimal HF config JSON", "data")
+            return
+        ctx.limitations.append("dummy model (random weights): validates model construction and training "
+                               "mechanics, not pretrained-weight compatibility")
+        yield Check("dummy model config", OK, str(ctx.dummy_config))
+    if (path / "config.json").is_file():
+        yield Check("model", OK, f"{path} (MODEL_PATH {s.source('model_path')})")
+    elif ctx.download:
+        yield Check("model", WARN, f"{path} missing: will be downloaded (--download)")
+    else:
+        yield Check("model", BLOCKED, f"no HF checkpoint at {path} (no config.json)",
+                    f"invoke download-model --model {s.model_id} (or --download, or set MODEL_PATH)", "data")
+
+
+def reward_model_off_override(verl_repo: Path) -> str:
+    """The key moved in Feb 2026 (reward_model.enable -> reward.reward_model.enable); follow the checkout."""
+    try:
+        wrapper = (verl_repo / presets.WRAPPER).read_text(errors="replace")
+    except OSError:
+        wrapper = ""
+    if "reward.reward_model." in wrapper or "reward_model." not in wrapper:
+        return presets.NO_REWARD_MODEL
+    return "reward_model.enable=False"
+
+
+def check_reward_model(ctx: RunContext) -> Iterable[Check]:
+    rm = ctx.settings.rm_model_path
+    off = reward_model_off_override(Path(ctx.verl.path))
+    if ctx.no_reward_model:
+        reason = "--no-reward-model"
+    elif rm is not None and (Path(rm) / "config.json").is_file():
+        yield Check("reward model", OK, str(rm))
+        return
+    else:
+        reason = f"no reward model at {rm}"
+    ctx.overrides.append(off)
+    ctx.limitations.append(f"reward model disabled ({reason}): GSM8K rule reward used; reward-model serving not tested")
+    yield Check("reward model", WARN, f"{reason}: the run appends {off}")
+
+
+def check_gpus(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 6: enough GPUs for TP x PP x CP, and a multiple of it."""
+    need = presets.parallel_size(ctx.wrapper_env)
+    if ctx.settings.num_gpus is not None:
+        count, how = ctx.settings.num_gpus, f"NUM_GPUS ({ctx.settings.source('num_gpus')})"
+    else:
+        count, how = detect_gpus()
+    ctx.env["NUM_GPUS"] = str(count)
+    detail = f"{count} GPU(s) from {how}; TP x PP x CP = {need}"
+    if count < need or count % need:
+        yield Check("GPUs", BLOCKED, detail, f"run on a host with a multiple of {need} GPUs (or set NUM_GPUS)",
+                    "env-no-gpu")
+    else:
+        yield Check("GPUs", OK, detail)
+
+
+def check_nsys(ctx: RunContext) -> Iterable[Check]:
+    if shutil.which("nsys", path=ctx.environ.get("PATH")):
+        yield Check("nsys", OK, "nsys on PATH (the wrapper starts Ray processes under it)")
+        return
+    ctx.overrides.append(presets.NO_PROFILER)
+    ctx.limitations.append(f"no nsys: profiler disabled ({presets.NO_PROFILER})")
+    yield Check("nsys", WARN, f"nsys not found: appending {presets.NO_PROFILER}")
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_disk(ctx: RunContext) -> Iterable[Check]:
+    s = ctx.settings
+    paths = {"log": s.log_dir, "model": ctx.model_path or s.model_path, "data": s.train_files, "verl checkpoints": Path(ctx.verl.path)}
+    for what, path in paths.items():
+        if path is None:
+            continue
+        where = _existing_parent(Path(path))
+        free = shutil.disk_usage(where).free / 2**30
+        detail = f"{free:.1f} GiB free under {where}"
+        if free < MIN_FREE_GIB:
+            yield Check(f"disk ({what})", BLOCKED, detail,
+                        "move HF_HOME, HF_HUB_CACHE and MODEL_PATH to a larger scratch path", "env-disk")
+        elif free < WARN_FREE_GIB:
+            yield Check(f"disk ({what})", WARN, detail)
+        else:
+            yield Check(f"disk ({what})", OK, detail)
+
+
+def check_visible_devices(ctx: RunContext) -> Iterable[Check]:
+    if "ROCR_VISIBLE_DEVICES" in ctx.environ and "CUDA_VISIBLE_DEVICES" in ctx.environ:
+        ctx.drop_env.append("ROCR_VISIBLE_DEVICES")
+        ctx.notes.append("ROCR_VISIBLE_DEVICES was set next to CUDA_VISIBLE_DEVICES: dropped for the run")
+        yield Check("visible devices", WARN, "ROCR_VISIBLE_DEVICES set next to CUDA_VISIBLE_DEVICES: dropped for the run")
+    else:
+        yield Check("visible devices", OK, "no ROCR/CUDA visible-devices clash")
+
+
+def check_uv(ctx: RunContext) -> Iterable[Check]:
+    """The wrapper runs `uv run --frozen` unless VERL_USE_UV=0: needs uv and verl's uv.lock."""
+    if "VERL_USE_UV" in ctx.environ:
+        yield Check("launcher", OK, f"VERL_USE_UV={ctx.environ['VERL_USE_UV']} (from env)")
+        return
+    if ctx.image_python:
+        why = "running in the image's own Python (nox -s verl)"
+    elif not shutil.which("uv", path=ctx.environ.get("PATH")):
+        why = "no uv on PATH"
+    elif not (Path(ctx.verl.path) / "uv.lock").is_file():
+        why = "verl checkout has no uv.lock"
+    else:
+        yield Check("launcher", OK, "uv + verl uv.lock: the wrapper runs `uv run --frozen`")
+        return
+    ctx.env["VERL_USE_UV"] = "0"
+    ctx.notes.append(f"VERL_USE_UV=0: {why}")
+    yield Check("launcher", OK, f"VERL_USE_UV=0 ({why})")
+
+
+def check_apex(ctx: RunContext) -> Iterable[Check]:
+    if ctx.imports is None:
+        yield Check("Apex fused kernel", SKIPPED, "needs the import probe")
+        return
+    if ctx.imports.raw.get("apex_fused"):
+        yield Check("Apex fused kernel", OK, "fused_weight_gradient_mlp_cuda importable")
+        return
+    for o in presets.GRAD_ACCUM_FUSION_OFF:
+        if o not in ctx.overrides:
+            ctx.overrides.append(o)
+    ctx.limitations.append("Apex fused_weight_gradient_mlp_cuda missing: gradient_accumulation_fusion=False "
+                           "for actor, ref and critic")
+    yield Check("Apex fused kernel", WARN, "fused_weight_gradient_mlp_cuda missing: appending the three "
+                "gradient_accumulation_fusion=False overrides")
+
+
+def check_ray_cpus(ctx: RunContext) -> Iterable[Check]:
+    """verl's transfer queue takes 8 CPU slots: a Ray cluster with fewer than ~10 hangs silently."""
+    if ctx.settings.ray_address:
+        cpus = ctx.evidence.get("ray_cluster_cpus")
+        if cpus is None:
+            return
+        how = f"Ray cluster at {ctx.settings.ray_address} has {cpus:g} CPUs"
+    else:
+        cpus = os.cpu_count() or 0
+        how = f"a local Ray cluster gets {cpus} CPUs"
+    if cpus < 10:
+        yield Check("Ray CPUs", WARN, f"{how}: fewer than ~10 hangs silently (verl's transfer queue takes 8)",
+                    "run on a host with more CPUs or raise ray_kwargs.ray_init.num_cpus")
+    else:
+        yield Check("Ray CPUs", OK, how)
+
+
+# Order matters: later checks read what earlier ones found (imports, model path).
+CHECKS: list[CheckFn] = [
+    check_repos,
+    check_imports,
+    check_modelopt,
+    check_data,
+    check_model,
+    check_reward_model,
+    check_gpus,
+    check_nsys,
+    check_disk,
+    check_visible_devices,
+    check_uv,
+    check_apex,
+    check_ray_cpus,
+]
+
+
+def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
+    checks: list[Check] = []
+    for fn in CHECKS:
+        for check in fn(ctx):
+            checks.append(check)
+        if stop_at_blocked and any(c.status == BLOCKED for c in checks):
+            break
+    return checks
+
+
+def first_blocked(checks: list[Check]) -> Check | None:
+    return next((c for c in checks if c.status == BLOCKED), None)
+
+
+def status_table(checks: list[Check]) -> str:
+    marks = {OK: "✔", WARN: "!", BLOCKED: "✘", SKIPPED: "-"}
+    width = max((len(c.name) for c in checks), default=10)
+    lines = []
+    for c in checks:
+        lines.append(f"{marks[c.status]} {c.name:<{width}}  {c.detail}")
+        if c.fix and c.status in (BLOCKED, WARN):
+            lines.append(f"  {'':<{width}}  fix: {c.fix}")
+    return "\n".join(lines)

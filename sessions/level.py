@@ -1,0 +1,507 @@
+"""The one code path of every level: resolve settings → preflight → Bridge checks → launch with log tee → judge →
+run directory → exit code. Levels differ only by their preset row (env/presets.py) and their pass rule
+(sessions/level_rules.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from env import presets
+from env.cli import EXIT_BY_RESULT, one_line_errors
+from env.preflight import BLOCKED, RunContext, first_blocked, run_checks, status_table
+from env.pythonpath import compose
+from env.repos import RepoError, bridge_state, verl_state
+from env.settings import Resolved, UsageError, config_section, resolve
+from sessions import level_rules
+from sessions.bridge_checks import BridgeChecks, resolve_bridge_checks
+from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
+from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
+from sessions.verdict import Verdict
+
+RUN_FILE = "run.json"
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    default: Any
+    help: str
+    levels: tuple[int, ...] | None = None  # None: every level
+    setting: bool = False  # a settings-table entry (env/settings.py)
+
+
+# Flags of the level tasks, declared once; `levels` limits a flag to the levels that use it.
+LEVEL_FLAGS: tuple[Flag, ...] = (
+    Flag("model", None, "HF model id ORG/NAME (MODEL_ID)"),
+    Flag("model_path", None, "local HF checkpoint (MODEL_PATH)", setting=True),
+    Flag("bridge_repo", None, "Megatron-Bridge checkout (BRIDGE_REPO)", setting=True),
+    Flag("verl_repo", None, "verl checkout (VERL_REPO)", setting=True),
+    Flag("train_files", None, "GSM8K train parquet (TRAIN_FILES)", setting=True),
+    Flag("val_files", None, "GSM8K validation parquet (VAL_FILES)", setting=True),
+    Flag("rm_model_path", None, "reward model checkpoint (RM_MODEL_PATH)", setting=True),
+    Flag("log_dir", None, "where the run directory goes (LOG_DIR)", setting=True),
+    Flag("num_gpus", None, "GPUs for the run (NUM_GPUS; default: detected)", setting=True),
+    Flag("ray_address", None, "attach to this Ray cluster (no `ray stop`)", setting=True),
+    Flag("python", None, "Python that runs verl (VERL_PYTHON; default python3)", setting=True),
+    Flag("stall_timeout", None, "minutes without output before the run is stopped as hung (STALL_TIMEOUT_MIN)",
+         setting=True),
+    Flag("dry_run", False, "print the exact environment and command, run nothing"),
+    Flag("enforce_eager", False, "actor_rollout_ref.rollout.enforce_eager=True (a Limitation: no CUDA graphs)"),
+    Flag("no_reward_model", False, "disable the reward model (GSM8K rule reward; a Limitation)"),
+    Flag("dummy_config", None, "minimal HF config JSON: dummy model, construction and mechanics only"),
+    Flag("download", False, "download the model to scratch first when it is absent"),
+    Flag("skip_bridge_checks", False, "do not require Bridge-side checks (reported as Not requested)"),
+    Flag("bridge_tests", None, "extra model-specific Bridge test paths, comma separated"),
+    Flag("allow_missing", False, "run the Bridge checks even if a targeted path is missing (named in the report)"),
+    Flag("keep_going", False, "start verl even when the Bridge checks failed"),
+    Flag("keep_checkpoints", False, "keep the series' checkpoint directory afterwards", levels=(1,)),
+    Flag("variant", None, "dense | moe", levels=(2,)),
+    Flag("script", None, "verl example script to run instead of the wrapper", levels=(4,)),
+    Flag("feature", None, "vlm | moe | mtp | qat | quantized | custom-layer", levels=(4,)),
+    Flag("steps", None, "training steps (default 20, at most 100)", levels=(5,)),
+    Flag("baseline", None, "run directory of a known-good run to compare against", levels=(5,)),
+    Flag("threshold", None, "METRIC>=VALUE that makes the run count as converged", levels=(5,)),
+)
+
+
+def flags_for(number: int) -> list[Flag]:
+    return [f for f in LEVEL_FLAGS if f.levels is None or number in f.levels]
+
+
+def make_level_task(number: int):
+    """An invoke task `level<N>` whose flags are LEVEL_FLAGS for that level; its body is `run_level`."""
+    from invoke import task
+
+    level = presets.LEVELS[number]
+    flags = flags_for(number)
+
+    def body(c, **kwargs):
+        return run_level(c, number, kwargs)
+
+    params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default) for f in flags]
+    body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    body.__name__ = body.__qualname__ = f"level{number}"
+    body.__doc__ = (f"Level {number}: {level.title} — {level.proves}. Extra Hydra overrides after `--`. "
+                    f"Exit 0 Pass, 1 Fail, 3 Blocked, 2 bad invocation.")
+    wrapped = one_line_errors(body)
+    wrapped.__signature__ = body.__signature__  # type: ignore[attr-defined]
+    return task(help={f.name: f.help for f in flags}, auto_shortflags=False)(wrapped)
+
+
+@dataclass
+class LevelOptions:
+    number: int
+    variant: str | None = None
+    dry_run: bool = False
+    enforce_eager: bool = False
+    no_reward_model: bool = False
+    dummy_config: Path | None = None
+    download: bool = False
+    skip_bridge_checks: bool = False
+    bridge_tests: list[str] = field(default_factory=list)
+    allow_missing: bool = False
+    keep_going: bool = False
+    keep_checkpoints: bool = False
+    script: str | None = None
+    feature: str | None = None
+    steps: int | None = None
+    baseline: str | None = None
+    threshold: str | None = None
+    extra_overrides: list[str] = field(default_factory=list)
+
+
+def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tuple[LevelOptions, dict[str, Any]]:
+    """Split task flags into level options and settings-table flags; validate values (UsageError → exit 2)."""
+    setting_names = {f.name for f in LEVEL_FLAGS if f.setting}
+    setting_flags = {k: v for k, v in flags.items() if k in setting_names}
+    setting_flags["model_id"] = flags.get("model")
+    opts = LevelOptions(number)
+    for key, value in flags.items():
+        if key in setting_names or key == "model" or value is None:
+            continue
+        setattr(opts, key, value)
+    level = presets.LEVELS[number]
+    if level.variants:
+        opts.variant = opts.variant or level.default_variant
+        if opts.variant not in level.variants:
+            raise UsageError(f"--variant must be one of {', '.join(level.variants)}, got {opts.variant!r}")
+    if isinstance(flags.get("bridge_tests"), str):
+        opts.bridge_tests = [p.strip() for p in flags["bridge_tests"].split(",") if p.strip()]
+    if flags.get("dummy_config"):
+        opts.dummy_config = Path(flags["dummy_config"]).expanduser().absolute()
+    if flags.get("steps") is not None:
+        try:
+            opts.steps = int(flags["steps"])
+        except ValueError:
+            raise UsageError(f"--steps must be an integer, got {flags['steps']!r}") from None
+        if not 1 <= opts.steps <= 100:
+            raise UsageError(f"--steps must be between 1 and 100, got {opts.steps}")
+    model = setting_flags.get("model_id")
+    if model is not None and not re.fullmatch(r"[\w.\-]+/[\w.\-]+", model):
+        raise UsageError(f"--model must look like ORG/NAME, got {model!r}")
+    try:
+        opts.extra_overrides = shlex.split(remainder or "")
+    except ValueError as e:
+        raise UsageError(f"cannot parse the overrides after --: {e}") from None
+    return opts, setting_flags
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    env: dict[str, str]  # the full environment of the wrapper
+    wrapper_env: dict[str, str]  # the preset variables (what the level sets)
+    argv: list[str]
+    log_name: str
+
+
+def settings_env(settings: Resolved) -> dict[str, str]:
+    """Settings the wrapper reads from its environment."""
+    out = {"MODEL_ID": settings.model_id,
+           "MODEL_PATH": str(settings.model_path or Path.home() / "models" / settings.model_id),
+           "TRAIN_FILES": str(settings.train_files), "VAL_FILES": str(settings.val_files),
+           "RM_MODEL_PATH": str(settings.rm_model_path)}
+    if settings.hf_home:
+        out["HF_HOME"] = str(settings.hf_home)
+    if settings.ray_address:
+        out["RAY_ADDRESS"] = settings.ray_address
+    return out
+
+
+def plan_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: Path | None) -> list[PlannedRun]:
+    level = presets.LEVELS[opts.number]
+    runs = []
+    for spec in level.runs:
+        wrapper_env = presets.level_env(level, opts.variant, spec)
+        if opts.steps is not None:
+            wrapper_env["TOTAL_TRAIN_STEPS"] = str(opts.steps)
+        wrapper_env.update(ctx.env)
+        if opts.dummy_config is not None:
+            wrapper_env.update(USE_DUMMY_MODEL="True", DUMMY_MODEL_CONFIG_PATH=str(opts.dummy_config))
+        env = {k: v for k, v in ctx.environ.items() if k not in ctx.drop_env}
+        env.update(settings_env(settings))
+        env.update(wrapper_env)
+        env["PYTHONPATH"] = ctx.pythonpath
+        args = [presets.RUNTIME_ENV_PYTHONPATH.format(ctx.pythonpath), *level.overrides, *ctx.overrides]
+        if opts.enforce_eager:
+            args.append(presets.ENFORCE_EAGER)
+        if level.owns_checkpoints:
+            ckpt = (run_dir or Path("<run-dir>")) / "checkpoints"
+            args.append(f"trainer.default_local_dir={ckpt}")
+        args += opts.extra_overrides  # last: later wins in Hydra
+        script = opts.script or presets.WRAPPER
+        log_name = "verl.log" if len(level.runs) == 1 else f"verl-{spec.name}.log"
+        runs.append(PlannedRun(spec.name, env, wrapper_env, ["bash", script, *args], log_name))
+    return runs
+
+
+def replay_command(verl_repo: str, run: PlannedRun, drop_env: list[str]) -> str:
+    """A shell line that replays the run from anywhere (preset vars inline; the rest in env.json)."""
+    unset = "".join(f"-u {k} " for k in drop_env)
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in run.wrapper_env.items())
+    keep = ("MODEL_ID", "MODEL_PATH", "TRAIN_FILES", "VAL_FILES", "RM_MODEL_PATH", "PYTHONPATH", "HF_HOME",
+            "RAY_ADDRESS")
+    assigns += " " + " ".join(f"{k}={shlex.quote(run.env[k])}" for k in keep if k in run.env)
+    return f"cd {shlex.quote(verl_repo)} && env {unset}{assigns} {shlex.join(run.argv)}"
+
+
+def _new_run_dir(log_dir: Path, opts: LevelOptions, model_id: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    variant = f"-{opts.variant}" if opts.variant else ""
+    model = re.sub(r"[^\w.\-]+", "_", model_id.split("/")[-1])
+    base = log_dir / f"{stamp}-level{opts.number}{variant}-{model}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    path.mkdir(parents=True)
+    return path
+
+
+def _save_run(run_dir: Path, run: dict) -> None:
+    tmp = run_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(run, indent=2, default=str))
+    tmp.replace(run_dir / RUN_FILE)
+
+
+def _say(msg: str) -> None:
+    print(f"{TOOL_PREFIX} {msg}", flush=True)
+
+
+def build_context(opts: LevelOptions, settings: Resolved, probe: bool) -> RunContext:
+    if settings.bridge_repo is None:
+        raise UsageError("BRIDGE_REPO is not set (--bridge-repo or BRIDGE_REPO)")
+    if settings.verl_repo is None:
+        sibling = Path(settings.bridge_repo).parent / "verl"
+        raise UsageError(f"VERL_REPO is not set; clone verl next to the Bridge checkout: "
+                         f"git clone https://github.com/verl-project/verl.git {sibling}")
+    try:
+        bridge, verl = bridge_state(settings.bridge_repo), verl_state(settings.verl_repo)
+    except RepoError as e:
+        raise UsageError(str(e)) from None
+    level = presets.LEVELS[opts.number]
+    wrapper_env = presets.level_env(level, opts.variant, level.runs[-1])
+    environ = dict(os.environ)
+    return RunContext(
+        settings=settings, bridge=bridge, verl=verl,
+        pythonpath=compose(Path(bridge.path), Path(verl.path), environ.get("PYTHONPATH")),
+        wrapper_env=wrapper_env, python=str(settings.python or "python3"), probe=probe,
+        no_reward_model=opts.no_reward_model, image_python=environ.get("VERL_E2E_IMAGE_PYTHON") == "1",
+        dummy_config=opts.dummy_config, download=opts.download, environ=environ,
+    )
+
+
+def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
+    opts, setting_flags = parse_options(number, flags, getattr(c, "remainder", ""))
+    settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
+    ctx = build_context(opts, settings, probe=not opts.dry_run)
+    level = presets.LEVELS[number]
+    if opts.enforce_eager:
+        ctx.limitations.append("enforce_eager=True: vLLM CUDA-graph capture not exercised")
+
+    if opts.dry_run:
+        checks = run_checks(ctx, stop_at_blocked=False)
+        for run in plan_runs(opts, settings, ctx, None):
+            print(f"# run {run.name}: environment")
+            for k in sorted(run.env):
+                print(f"{k}={shlex.quote(redact_env({k: run.env[k]})[k])}")
+            if not settings.ray_address:
+                print(f"# then, in {ctx.verl.path}: ray stop --force")
+            print(f"# command (cwd {ctx.verl.path}):")
+            print(shlex.join(run.argv))
+        print("# preflight (dry-run: import and Ray probes not run)")
+        print(status_table(checks))
+        return 0
+
+    run_dir = _new_run_dir(Path(settings.log_dir), opts, settings.model_id)
+    _say(f"run directory: {run_dir}")
+    checks = run_checks(ctx)
+    print(status_table(checks), flush=True)
+    blocked = first_blocked(checks)
+    planned = plan_runs(opts, settings, ctx, run_dir)
+    record: dict[str, Any] = {
+        "level": number, "title": level.title, "variant": opts.variant, "options": asdict(opts),
+        "settings": {k: (None if v is None else str(v)) for k, v in settings.values.items()},
+        "setting_sources": settings.sources, "model": settings.model_id,
+        "bridge": ctx.bridge.to_json(), "verl": ctx.verl.to_json(), "pythonpath": ctx.pythonpath,
+        "preflight": [ch.to_json() for ch in checks], "blocked": blocked.to_json() if blocked else None,
+        "evidence": ctx.evidence, "limitations": ctx.limitations, "notes": ctx.notes,
+        "overrides": ctx.overrides, "drop_env": ctx.drop_env, "runs": [], "bridge_checks": None,
+        "started": time.time(), "finished": None, "stopped_before_verl": None,
+    }
+    (run_dir / "env.json").write_text(json.dumps(redact_env(planned[0].env), indent=2, sort_keys=True))
+    (run_dir / "command.sh").write_text(
+        "#!/usr/bin/env bash\n# replay of this run (secrets not included; export them yourself)\nset -euo pipefail\n"
+        + "".join(("" if settings.ray_address else f"(cd {shlex.quote(ctx.verl.path)} && ray stop --force || true)\n")
+                  + replay_command(ctx.verl.path, run, ctx.drop_env) + "\n" for run in planned))
+    _save_run(run_dir, record)
+
+    if blocked is None:
+        checks_result = ensure_bridge_checks(settings, ctx, opts, run_dir)
+        record["bridge_checks"] = checks_result.to_json()
+        if checks_result.status not in ("Pass", "Not requested") and not opts.keep_going:
+            record["stopped_before_verl"] = f"Bridge-side checks {checks_result.status} (--keep-going to run anyway)"
+        else:
+            _launch_all(ctx, settings, planned, run_dir, record)
+    record["finished"] = time.time()
+    _save_run(run_dir, record)
+
+    summary = summarize_run_dir(run_dir)
+    write_reports(run_dir, summary)
+    print(render_markdown(summary), flush=True)
+    _say(f"run directory: {run_dir}")
+    if level.owns_checkpoints and not opts.keep_checkpoints:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return EXIT_BY_RESULT[summary["result"]]
+
+
+def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions, run_dir: Path) -> BridgeChecks:
+    return resolve_bridge_checks(Path(settings.log_dir), ctx.bridge, opts.skip_bridge_checks)
+
+
+def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], run_dir: Path, record: dict) -> None:
+    secrets = secret_values(ctx.environ)
+    stall = settings.stall_timeout * 60 if settings.stall_timeout else None
+    for run in planned:
+        log_path = run_dir / run.log_name
+        entry = {"name": run.name, "log": run.log_name, "argv": run.argv, "wrapper_env": run.wrapper_env,
+                 "command": replay_command(ctx.verl.path, run, ctx.drop_env), "started": time.time()}
+        record["runs"].append(entry)
+        _save_run(run_dir, record)
+        with open(log_path, "ab") as log:
+            header = f"{TOOL_PREFIX} level {record['level']} run {run.name}: {entry['command']}\n"
+            log.write(header.encode())
+            if not settings.ray_address and shutil.which("ray", path=run.env.get("PATH")):
+                stop = subprocess.run(["ray", "stop", "--force"], cwd=ctx.verl.path, env=run.env,
+                                      capture_output=True, timeout=120)
+                log.write(f"{TOOL_PREFIX} ray stop --force: exit {stop.returncode}\n".encode())
+            log.flush()
+            result = run_logged(run.argv, cwd=Path(ctx.verl.path), env=run.env, log=log, log_path=log_path,
+                                stall_timeout=stall, secrets=secrets)
+            log.write(f"\n{TOOL_PREFIX} wrapper exit code {result.exit_code}"
+                      f"{f', {result.termination}' if result.termination else ''} after {result.duration_s:.1f}s\n"
+                      .encode())
+        entry.update(exit_code=result.exit_code, termination=result.termination, duration_s=result.duration_s,
+                     signal=result.signal_name)
+        _save_run(run_dir, record)
+        if result.termination or result.exit_code != 0:
+            break  # a later run of the series (level 1 B) means nothing after this one failed
+
+
+def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
+    from sessions.verdict import judge_log
+
+    out = []
+    for entry in record["runs"]:
+        log = run_dir / entry["log"]
+        if not log.is_file():
+            continue
+        steps = entry.get("wrapper_env", {}).get("TOTAL_TRAIN_STEPS")
+        verdict = judge_log(log, level=record["level"], steps_expected=int(steps) if steps else None,
+                            exit_code=entry.get("exit_code"), termination=entry.get("termination"))
+        out.append((entry, verdict))
+    return out
+
+
+def _import_deliverable(record: dict, judged: list[tuple[dict, Verdict]]) -> Deliverable:
+    checks = {c["name"]: c for c in record["preflight"]}
+    bridge_check = checks.get("megatron.bridge is the local checkout")
+    if bridge_check is None:
+        return Deliverable("Local Bridge import in verl", "Skipped", "preflight stopped before the import check")
+    if bridge_check["status"] == BLOCKED:
+        return Deliverable("Local Bridge import in verl", "Blocked",
+                           f"{bridge_check['detail']} — wrong Bridge: no evidence for the local change")
+    for _, v in judged:
+        if v.category in ("env-ray-import", "wrong-bridge"):
+            return Deliverable("Local Bridge import in verl", "Blocked", f"{v.first_error} ({v.hint})")
+    detail = f"megatron.bridge from {bridge_check['detail']} (PYTHONPATH={record['pythonpath']})"
+    worker = record.get("evidence", {}).get("worker_bridge_file")
+    if worker:
+        detail += f"; Ray worker imports {worker}"
+    return Deliverable("Local Bridge import in verl", "Pass", detail)
+
+
+def summarize_run_dir(run_dir: Path) -> dict:
+    """Deliverables, result and the summary fields, from run.json and the logs (also for `invoke report`)."""
+    record = json.loads((run_dir / RUN_FILE).read_text())
+    number = record["level"]
+    level = presets.LEVELS[number]
+    judged = _judge_runs(run_dir, record)
+    outcome = level_rules.combine(number, record, judged)
+    bc = record.get("bridge_checks") or {"status": "Skipped", "detail": "preflight stopped first", "limitations": []}
+    blocked = record.get("blocked")
+    variant = f" --variant {record['variant']}" if record.get("variant") else ""
+    what = f"LoRA + {'Megatron-FSDP' if level.env.get('USE_MEGATRON_FSDP') == 'True' else 'Megatron DDP'}"
+
+    deliverables = [Deliverable("Bridge-side checks", bc["status"], bc["detail"]),
+                    _import_deliverable(record, judged)]
+    if blocked:
+        fix = f"; fix: {blocked['fix']}" if blocked.get("fix") else ""
+        run_d = Deliverable("verl Megatron backend run", "Blocked",
+                            f"verl not started: preflight '{blocked['name']}': {blocked['detail']}{fix}")
+    elif record.get("stopped_before_verl"):
+        run_d = Deliverable("verl Megatron backend run", "Skipped", f"verl not started: {record['stopped_before_verl']}")
+    elif not judged:
+        run_d = Deliverable("verl Megatron backend run", "Fail", "no log was written")
+    else:
+        run_d = Deliverable("verl Megatron backend run", outcome.run_status, f"{what}: {outcome.run_detail}")
+    deliverables.append(run_d)
+    if level.variant_deliverable is None:
+        deliverables.append(Deliverable("Requested variants", "Not requested", f"Level {number} requests no variant"))
+    elif run_d.status in ("Skipped", "Blocked") and not judged:
+        deliverables.append(Deliverable("Requested variants", "Skipped",
+                                        f"{level.variant_deliverable}{variant}: verl not started"))
+    else:
+        deliverables.append(Deliverable("Requested variants", outcome.variant_status,
+                                        f"{level.variant_deliverable}{variant}: {outcome.variant_detail}"))
+    logs = [run_dir / e["log"] for e in record["runs"]]
+    if not logs:
+        deliverables.append(Deliverable("Log capture", "Skipped", f"verl not started; preflight in {run_dir / RUN_FILE}"))
+    elif all(p.is_file() and p.stat().st_size > 0 for p in logs):
+        cut = [e["name"] for e in record["runs"] if e.get("termination")]
+        note = f" (complete up to the {', '.join(e['termination'] for e in record['runs'] if e.get('termination'))})" if cut else ""
+        deliverables.append(Deliverable("Log capture", "Pass", ", ".join(map(str, logs)) + note))
+    else:
+        deliverables.append(Deliverable("Log capture", "Fail", f"missing or empty: {', '.join(map(str, logs))}"))
+    assert [d.name for d in deliverables] == list(DELIVERABLES)
+
+    result = overall_result(deliverables)
+    title = f"Level {number} ({level.title}{variant})"
+    if result == "Pass":
+        sentence = f"{title} passed: {level.proves}."
+    elif result == "Fail":
+        bad = next(d for d in deliverables if d.status == "Fail")
+        sentence = f"{title} failed — {bad.name}: {bad.detail}"
+    else:
+        bad = next(d for d in deliverables if d.status in ("Blocked", "Skipped"))
+        sentence = (f"{title} blocked — {bad.name}: {bad.detail}. Not evidence against the Bridge provider.")
+
+    limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + outcome.limitations
+    follow_ups = list(outcome.follow_ups)
+    if blocked and blocked.get("fix"):
+        follow_ups.insert(0, f"fix the environment: {blocked['fix']}, then rerun")
+    if bc["status"] in ("Fail", "Blocked"):
+        follow_ups.append(f"Bridge-side checks {bc['status']}: {bc['detail']}")
+    elif bc["status"] == "Skipped" and not blocked:
+        follow_ups.append("run the Bridge-side checks: nox -s bridge_unit")
+    commands = [e["command"] for e in record["runs"]] or ["verl not started (see command.sh for the planned command)"]
+    model = record["model"]
+    mp = record["settings"].get("model_path")
+    summary = {
+        "suite": f"verl-e2e.level{number}",
+        "result": result,
+        "exit_code": EXIT_BY_RESULT[result],
+        "sentence": sentence,
+        "coverage": title + (" with enforce_eager" if record["options"].get("enforce_eager") else "")
+        + (" (dummy model)" if record["options"].get("dummy_config") else ""),
+        "model": model + (f" (MODEL_PATH={mp})" if mp else ""),
+        "deliverables": [asdict(d) for d in deliverables],
+        "evidence": {
+            "bridge_repo": f"{record['bridge']['path']} @ " + _describe(record["bridge"]),
+            "verl_repo": f"{record['verl']['path']} @ " + _describe(record["verl"]),
+            "command": " ; ".join(commands) + f" (replay: {run_dir / 'command.sh'})",
+            "key_lines": " | ".join(outcome.key_lines) or "none (verl not started)",
+        },
+        "limitations": list(dict.fromkeys(limitations)),
+        "follow_ups": list(dict.fromkeys(follow_ups)),
+        "category": outcome.category if judged else (blocked or {}).get("category") or
+        ("success" if result == "Pass" else "unknown"),
+        "verdicts": {e["name"]: v.to_json() for e, v in judged},
+        "run_dir": str(run_dir),
+        "notes": record.get("notes", []),
+    }
+    return summary
+
+
+def _describe(state: dict) -> str:
+    from env.repos import RepoState
+
+    subs = {k: RepoState(**{**v, "submodules": {}}) for k, v in state.get("submodules", {}).items()}
+    return RepoState(**{**state, "submodules": subs}).describe()
+
+
+def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool = False) -> int:
+    """Every preflight check as a ✔/✘ table; exit 3 when one is Blocked."""
+    if level not in presets.LEVELS:
+        raise UsageError(f"--level must be 0..5, got {level}")
+    settings = resolve(flags, os.environ, config_section(getattr(c, "config", None)))
+    ctx = build_context(LevelOptions(level, variant=presets.LEVELS[level].default_variant), settings, probe=True)
+    checks = run_checks(ctx, stop_at_blocked=False)
+    if as_json:
+        json.dump([ch.to_json() for ch in checks], sys.stdout, indent=2)
+        print()
+    else:
+        print(status_table(checks))
+    return 3 if first_blocked(checks) else 0

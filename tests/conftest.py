@@ -1,0 +1,75 @@
+"""Shared test fixtures: fresh fixture checkouts, data, models and a way to run the real `invoke`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import repos
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Workspace:
+    root: Path
+    bridge: Path
+    verl: Path
+    data: Path
+    model: Path
+    reward_model: Path
+    log_dir: Path
+    home: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def invoke(self, *args: str, env: dict[str, str] | None = None, timeout: float = 240,
+               check: bool = False) -> subprocess.CompletedProcess:
+        """Run the real `invoke` of this project (as a user would, from the project root)."""
+        proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env={**self.env, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"invoke {args} exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def run_dirs(self) -> list[Path]:
+        return sorted(p for p in self.log_dir.glob("*-level*") if p.is_dir())
+
+
+@pytest.fixture(scope="session")
+def _templates(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("templates")
+    repos.make_bridge_repo(root)
+    verl = repos.make_verl_repo(root)
+    repos.make_gsm8k(verl, root / "data" / "gsm8k")
+    repos.make_model(root / "models" / "Qwen" / "Qwen2.5-0.5B")
+    repos.make_model(root / "models" / "Skywork" / "Skywork-Reward-V2-Llama-3.2-1B", "llama")
+    return root
+
+
+@pytest.fixture
+def workspace(_templates, tmp_path) -> Workspace:
+    """Fresh copies of both checkouts + data + models; env ready for a CPU-only fixture run (NUM_GPUS=1)."""
+    root = tmp_path / "ws"
+    shutil.copytree(_templates, root, symlinks=True)
+    home = root / "home"
+    home.mkdir()
+    ws = Workspace(root=root, bridge=root / "Megatron-Bridge", verl=root / "verl", data=root / "data" / "gsm8k",
+                   model=root / "models" / "Qwen" / "Qwen2.5-0.5B",
+                   reward_model=root / "models" / "Skywork" / "Skywork-Reward-V2-Llama-3.2-1B",
+                   log_dir=root / "logs", home=home)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BRIDGE_", "VERL_", "MODEL_", "FIXTURE_", "RAY_", "ROCR_", "CUDA_VISIBLE"))}
+    env.update(
+        HOME=str(home), BRIDGE_REPO=str(ws.bridge), VERL_REPO=str(ws.verl), MODEL_ID="Qwen/Qwen2.5-0.5B",
+        MODEL_PATH=str(ws.model), RM_MODEL_PATH=str(ws.reward_model), TRAIN_FILES=str(ws.data / "train.parquet"),
+        VAL_FILES=str(ws.data / "test.parquet"), LOG_DIR=str(ws.log_dir), NUM_GPUS="1",
+        PYTHONPATH=str(repos.SITE), PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+    )
+    ws.env = env
+    return ws
