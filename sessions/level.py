@@ -274,9 +274,12 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     if opts.dry_run:
         checks = run_checks(ctx, stop_at_blocked=False)
         for run in plan_runs(opts, settings, ctx, None):
-            print(f"# run {run.name}: environment")
-            for k in sorted(run.env):
-                print(f"{k}={shlex.quote(redact_env({k: run.env[k]})[k])}")
+            print(f"# run {run.name}: environment = this shell's, with:")
+            shown = redact_env({k: v for k, v in run.env.items() if ctx.environ.get(k) != v})
+            for k in sorted(shown):
+                print(f"export {k}={shlex.quote(shown[k])}")
+            for k in ctx.drop_env:
+                print(f"unset {k}")
             if not settings.ray_address:
                 print(f"# then, in {ctx.verl.path}: ray stop --force")
             print(f"# command (cwd {ctx.verl.path}):")

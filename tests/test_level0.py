@@ -1,0 +1,259 @@
+"""Level 0 end to end through the real `invoke level0`, against the fixture verl/Bridge checkouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT
+
+SUMMARY_SHAPE = [
+    r"Result: (Pass|Fail|Blocked) - .+",
+    r"Requested coverage: Level 0 \(LoRA \+ DDP smoke\).*",
+    r"Model: .+",
+    r"",
+    r"Deliverables:",
+    r"- Bridge-side checks: (Pass|Fail|Blocked|Skipped|Not requested) - .+",
+    r"- Local Bridge import in verl: (Pass|Fail|Blocked|Skipped) - .+",
+    r"- verl Megatron backend run: (Pass|Fail|Blocked|Skipped) - .+",
+    r"- Requested variants: (Pass|Fail|Blocked|Skipped|Not requested) - .+",
+    r"- Log capture: (Pass|Fail|Skipped) - .+",
+    r"",
+    r"Evidence:",
+    r"- Bridge repo: .+",
+    r"- verl repo: .+",
+    r"- Command: .+",
+    r"- Key lines: .+",
+    r"",
+    r"Limitations:",
+]
+
+
+def only_run_dir(ws) -> Path:
+    dirs = ws.run_dirs()
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def summary_of(run_dir: Path) -> tuple[str, dict]:
+    return (run_dir / "summary.md").read_text(), json.loads((run_dir / "summary.json").read_text())
+
+
+def deliverable(summary: dict, name: str) -> dict:
+    return next(d for d in summary["deliverables"] if d["name"] == name)
+
+
+def test_pass_writes_the_procedures_summary_and_the_run_directory(workspace):
+    (workspace.bridge / "src/megatron/bridge/new_provider.py").write_text("X = 1\n")
+    (workspace.verl / "README.local").write_text("local note\n")
+    proc = workspace.invoke("level0", "--skip-bridge-checks")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(workspace)
+    md, summary = summary_of(run_dir)
+    lines = md.splitlines()
+    for pattern, line in zip(SUMMARY_SHAPE, lines):
+        assert re.fullmatch(pattern, line), (pattern, line)
+    assert lines[0].startswith("Result: Pass - Level 0 (LoRA + DDP smoke) passed")
+    assert "Follow-ups:" in lines
+    assert summary["result"] == "Pass" and summary["exit_code"] == 0
+    assert deliverable(summary, "Bridge-side checks")["status"] == "Not requested"
+    assert any("--skip-bridge-checks" in x for x in summary["limitations"])
+    imp = deliverable(summary, "Local Bridge import in verl")
+    assert imp["status"] == "Pass" and str(workspace.bridge / "src") in imp["detail"]
+    assert deliverable(summary, "verl Megatron backend run")["status"] == "Pass"
+    assert deliverable(summary, "Log capture")["detail"].startswith(str(run_dir / "verl.log"))
+    # evidence: both commits and the dirty files of each checkout
+    ev = summary["evidence"]
+    assert "?? src/megatron/bridge/new_provider.py" in ev["bridge_repo"]
+    assert "?? README.local" in ev["verl_repo"]
+    assert re.search(r"@ [0-9a-f]{7}", ev["bridge_repo"]) and re.search(r"@ [0-9a-f]{7}", ev["verl_repo"])
+    assert "VANILLA_MBRIDGE=False" in ev["key_lines"]
+    for name in ("verl.log", "summary.md", "summary.json", "junit.xml", "env.json", "command.sh", "run.json"):
+        assert (run_dir / name).is_file(), name
+    log = (run_dir / "verl.log").read_text()
+    assert "+ VANILLA_MBRIDGE=False" in log and "step:1 - training/global_step:1" in log
+    assert "global_profiler.tool=null" in (run_dir / "command.sh").read_text()
+    junit = (run_dir / "junit.xml").read_text()
+    assert 'tests="5"' in junit and 'failures="0"' in junit and 'errors="0"' in junit
+
+
+def test_report_rerenders_the_same_summary(workspace):
+    assert workspace.invoke("level0", "--skip-bridge-checks").returncode == 0
+    run_dir = only_run_dir(workspace)
+    before = (run_dir / "summary.md").read_text()
+    (run_dir / "summary.md").unlink()
+    proc = workspace.invoke("report", str(run_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert (run_dir / "summary.md").read_text() == before
+    assert before in proc.stdout
+
+
+def test_provider_exception_after_model_build_fails_with_first_error_and_hint(workspace):
+    proc = workspace.invoke("level0", "--skip-bridge-checks", env={"FIXTURE_FAIL": "provider"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    md, summary = summary_of(only_run_dir(workspace))
+    assert md.startswith("Result: Fail - ")
+    run = deliverable(summary, "verl Megatron backend run")
+    assert run["status"] == "Fail"
+    assert "provider finalized with tensor_model_parallel_size=2" in run["detail"]
+    assert "hint:" in run["detail"]
+    assert summary["category"] == "provider"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["missing_data", "corrupt_data", "missing_model", "no_modelopt", "no_gpus", "wrong_bridge", "bridge_dependency"],
+)
+def test_preflight_failures_are_blocked_before_verl_starts(workspace, case, tmp_path):
+    env: dict[str, str] = {}
+    if case == "missing_data":
+        env["TRAIN_FILES"] = str(tmp_path / "nope" / "train.parquet")
+        expect = ("data", "invoke prep-data")
+    elif case == "corrupt_data":
+        bad = tmp_path / "train.parquet"
+        bad.write_bytes(b"PAR1 this is not parquet")
+        env["TRAIN_FILES"] = str(bad)
+        expect = ("data", "not a readable parquet file")
+    elif case == "missing_model":
+        env["MODEL_PATH"] = str(tmp_path / "no-model")
+        expect = ("data", "invoke download-model")
+    elif case == "no_modelopt":
+        env["PYTHONPATH"] = ""
+        expect = ("env-dependency", "invoke install-modelopt")
+    elif case == "no_gpus":
+        env["NUM_GPUS"] = "0"
+        expect = ("env-no-gpu", "GPUs")
+    elif case == "wrong_bridge":
+        other = tmp_path / "site-packages"
+        (other / "megatron" / "bridge").mkdir(parents=True)
+        (other / "megatron" / "bridge" / "__init__.py").write_text("")
+        shutil.rmtree(workspace.bridge / "src" / "megatron" / "bridge")
+        env["PYTHONPATH"] = f"{workspace.env['PYTHONPATH']}:{other}"
+        expect = ("wrong-bridge", str(other))
+    else:
+        init = workspace.bridge / "src/megatron/bridge/__init__.py"
+        init.write_text("import transformer_engine_fixture_missing\n")
+        expect = ("env-dependency", "transformer_engine_fixture_missing")
+    start = time.monotonic()
+    proc = workspace.invoke("level0", "--skip-bridge-checks", env=env)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert elapsed < 10, elapsed
+    run_dir = only_run_dir(workspace)
+    assert not (run_dir / "verl.log").exists(), "verl must not start"
+    md, summary = summary_of(run_dir)
+    assert md.startswith("Result: Blocked - ") and "Not evidence against the Bridge provider" in md
+    assert summary["category"] == expect[0]
+    assert expect[1] in md
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_log_is_complete_after_the_wrapper_crashes(workspace):
+    proc = workspace.invoke("level0", "--skip-bridge-checks", env={"FIXTURE_FAIL": "crash"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_dir = only_run_dir(workspace)
+    log = (run_dir / "verl.log").read_text()
+    assert "Training Progress:" in log  # the last line the trainer printed before it was killed
+    assert "wrapper exit code 137" in log
+    _, summary = summary_of(run_dir)
+    assert deliverable(summary, "Log capture")["status"] == "Pass"
+
+
+def test_sigint_to_invoke_stops_the_wrapper_group_and_keeps_the_log(workspace):
+    env = {**workspace.env, "FIXTURE_FAIL": "hang"}
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "level0", "--skip-bridge-checks"], cwd=PROJECT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        logs = list(workspace.log_dir.glob("*-level0-*/verl.log"))
+        if logs and "Training Progress" in logs[0].read_text():
+            log = logs[0]
+            break
+        time.sleep(0.2)
+    assert log is not None, "the run never reached training"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    text = log.read_text()
+    assert "Training Progress" in text and "interrupted (SIGINT)" in text
+    assert "wrapper exit code" in text
+    leftover = subprocess.run(["pgrep", "-f", f"verl.trainer.main_ppo.*{workspace.data}"], capture_output=True)
+    assert leftover.returncode == 1, "the fake trainer survived the interrupt"
+    md, summary = summary_of(log.parent)
+    assert summary["category"] == "interrupted"
+    assert "complete up to the interrupted" in deliverable(summary, "Log capture")["detail"]
+
+
+def test_no_secret_value_lands_in_the_run_directory(workspace):
+    token = "hf_FIXTURESECRET0123456789"
+    proc = workspace.invoke("level0", "--skip-bridge-checks",
+                            env={"HF_TOKEN": token, "WANDB_API_KEY": "wandb-secret-4242", "FIXTURE_PRINT_SECRET": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert token not in proc.stdout + proc.stderr
+    run_dir = only_run_dir(workspace)
+    for f in run_dir.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert token.encode() not in data, f
+            assert b"wandb-secret-4242" not in data, f
+    assert json.loads((run_dir / "env.json").read_text())["HF_TOKEN"] == "***"
+    assert "HF_TOKEN=***" in (run_dir / "verl.log").read_text()
+
+
+def test_dry_run_prints_env_and_command_and_starts_nothing(workspace):
+    proc = workspace.invoke("level0", "--dry-run", "--enforce-eager", "--", "trainer.foo=1")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "export VANILLA_MBRIDGE=False" in out and "export LORA_RANK=4" in out
+    cmd = next(line for line in out.splitlines() if line.startswith("bash tests/special_e2e/"))
+    assert "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH=" in cmd
+    assert cmd.endswith("actor_rollout_ref.rollout.enforce_eager=True trainer.foo=1")
+    assert not workspace.log_dir.exists() or not workspace.run_dirs()
+
+
+@pytest.mark.parametrize(
+    "args,env,message",
+    [
+        (("level0",), {"BRIDGE_REPO": "/nonexistent/Megatron-Bridge"}, "does not exist"),
+        (("level0",), {"VERL_REPO": "/"}, "not the top of a git checkout"),
+        (("level0", "--model", "not a model id"), {}, "--model must look like ORG/NAME"),
+        (("level0", "--num-gpus", "many"), {}, "not a valid int"),
+        (("level2", "--variant", "sparse"), {}, "--variant must be one of dense, moe"),
+        (("level0", "--bogus-flag"), {}, "No idea what '--bogus-flag' is"),
+        (("level0",), {"VERL_REPO": ""}, "VERL_REPO is not set"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(workspace, args, env, message):
+    merged = dict(workspace.env, **env)
+    if env.get("VERL_REPO") == "":
+        merged.pop("VERL_REPO")
+    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env=merged, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not workspace.log_dir.exists() or not workspace.run_dirs()
+
+
+def test_missing_wrapper_script_is_bad_input(workspace):
+    os.remove(workspace.verl / "tests/special_e2e/run_ppo_trainer_megatron.sh")
+    proc = workspace.invoke("level0")
+    assert proc.returncode == 2
+    assert "has no tests/special_e2e/run_ppo_trainer_megatron.sh" in proc.stderr
+
+
+def test_not_a_git_checkout_is_bad_input(workspace, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    proc = workspace.invoke("level0", env={"BRIDGE_REPO": str(plain)})
+    assert proc.returncode == 2 and "is not a git checkout" in proc.stderr
