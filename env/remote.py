@@ -1,0 +1,440 @@
+"""`invoke remote`: sync the exact local changes to a GPU host, run the same task there, bring its run directory back.
+
+The connection is Fabric's (host strings as ssh takes them: `user@host:port` or an alias of the ssh config, with
+ProxyJump); rsync goes through `ssh` with the same config file. Every remote command is one `bash -lc <quoted>`
+line (the login shell gives the host's own PATH, modules and HF_HOME), built from shlex-quoted parts only.
+
+The task runs under a small remote wrapper: the task gets its own session (setsid) so the whole process group can
+be stopped, and a watcher reads the SSH channel's stdin: when it closes (our Ctrl-C sends EOF, or the connection
+drops) the task is interrupted, then terminated, then killed — nothing keeps running on the GPU host.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import select
+import shlex
+import sys
+import threading
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from env import remote_helper
+from env.settings import UsageError, resolve
+from env.sync import SyncPlan, apply_plan, local_trees, make_plan
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_REMOTE_ROOT = "verl-e2e"  # under the remote home
+REMOTE_DIR_NAMES = {"bridge": "Megatron-Bridge", "verl": "verl", "tool": "verl-bridge-e2e"}
+RUN_DIR_LINE = re.compile(rb"\[verl-e2e\] run directory: (.+?)\s*$")
+EXIT_BLOCKED, EXIT_BAD_USAGE = 3, 2
+
+
+class RemoteUnavailable(Exception):
+    """The host could not be reached or a remote step failed for reasons outside the task (exit 3, Blocked)."""
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    text: str
+    host: str  # a host name, an address or an ssh config alias
+    user: str | None
+    port: int | None
+
+
+HOST_RE = re.compile(r"(?:ssh://)?(?:(?P<user>[^@\s/:]+)@)?(?P<host>\[[0-9a-fA-F:.]+\]|[^@\s/:\[\]]+)"
+                     r"(?::(?P<port>\d{1,5}))?/?")
+
+
+def parse_host(text: str) -> HostSpec:
+    """`host`, `alias`, `user@host`, `user@host:port` or `ssh://user@host:port`, as ssh and Fabric take them."""
+    match = HOST_RE.fullmatch(text.strip()) if text else None
+    if not match or match["host"].startswith("-"):
+        raise UsageError(f"--host {text!r}: expected [user@]host[:port] or an ssh config alias")
+    port = int(match["port"]) if match["port"] else None
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"--host {text!r}: port out of range")
+    return HostSpec(text, match["host"].strip("[]"), match["user"], port)
+
+
+def _helper_bootstrap() -> str:
+    # Ship the helper compressed: on a one-file change it would otherwise be most of the bytes we send.
+    packed = base64.b64encode(zlib.compress(Path(remote_helper.__file__).read_bytes(), 9)).decode()
+    return f"import base64,zlib;exec(zlib.decompress(base64.b64decode('{packed}')))"
+
+
+class RemoteHost:
+    """A Fabric connection plus the matching ssh command for rsync; counts the payload bytes we send."""
+
+    def __init__(self, host: str, ssh_config: Path | None = None, remote_python: str | None = None,
+                 connect_timeout: int = 20) -> None:
+        import fabric
+
+        self.spec = parse_host(host)
+        self.ssh_config = ssh_config
+        if ssh_config is not None and not ssh_config.is_file():
+            raise UsageError(f"--ssh-config {ssh_config}: no such file")
+        config = fabric.Config(runtime_ssh_path=str(ssh_config)) if ssh_config else fabric.Config()
+        self.conn = fabric.Connection(self.spec.host, user=self.spec.user, port=self.spec.port, config=config,
+                                      connect_timeout=connect_timeout)
+        self.python = remote_python or "python3"
+        self.bytes_sent = 0
+        self._helper_source = _helper_bootstrap()
+
+    @property
+    def display(self) -> str:
+        return self.spec.text
+
+    def open(self) -> None:
+        try:
+            self.conn.open()
+        except Exception as e:  # DNS, refused, auth, host key, proxy: all one line for the user
+            raise RemoteUnavailable(f"cannot connect to {self.display}: {type(e).__name__}: {e}".strip()) from None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def rsync_ssh_command(self) -> str:
+        parts = ["ssh"]
+        if self.ssh_config:
+            parts += ["-F", str(self.ssh_config)]
+        if self.spec.port:
+            parts += ["-p", str(self.spec.port)]
+        return " ".join(shlex.quote(p) for p in parts)
+
+    def rsync_target(self, path: str) -> str:
+        host = f"[{self.spec.host}]" if ":" in self.spec.host else self.spec.host
+        return f"{self.spec.user + '@' if self.spec.user else ''}{host}:{path}"
+
+    def _open_channel(self, command: str):
+        if not self.conn.is_connected:
+            self.open()
+        try:
+            channel = self.conn.client.get_transport().open_session()
+            channel.exec_command(command)
+        except Exception as e:
+            raise RemoteUnavailable(f"{self.display}: cannot start a remote command: {e}") from None
+        self.bytes_sent += len(command.encode())
+        return channel
+
+    def exec_with_input(self, command: str, data: bytes = b"", what: str = "remote command") -> bytes:
+        """Run `command` with `data` on its stdin; returns stdout; a non-zero exit raises RemoteUnavailable."""
+        channel = self._open_channel(command)
+
+        def feed() -> None:
+            with contextlib.suppress(OSError, EOFError):
+                for start in range(0, len(data), 1 << 16):
+                    channel.sendall(data[start:start + (1 << 16)])
+                channel.shutdown_write()
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        out, err = bytearray(), bytearray()
+        pump(channel, out.extend, err.extend)
+        feeder.join(timeout=10)
+        self.bytes_sent += len(data)
+        status = channel.recv_exit_status()
+        if status != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise RemoteUnavailable(f"{self.display}: {what} failed (exit {status}): {' | '.join(tail)}")
+        return bytes(out)
+
+    def helper(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+        inner = f"{shlex.quote(self.python)} -c {shlex.quote(self._helper_source)} {shlex.quote(command)}"
+        raw = self.exec_with_input(f"bash -lc {shlex.quote(inner)}", json.dumps(request).encode(),
+                                   what=f"sync helper '{command}'")
+        _, marker, payload = raw.decode(errors="replace").rpartition(remote_helper.MARKER)
+        if not marker:
+            raise RemoteUnavailable(f"{self.display}: sync helper '{command}' gave no answer")
+        answer = json.loads(payload)
+        if "error" in answer:
+            raise RemoteUnavailable(f"{self.display}: sync helper '{command}': {answer['error']}")
+        return answer
+
+    def stream(self, command: str, out: BinaryIO, err: BinaryIO, on_line=None) -> tuple[int | None, bool]:
+        """Run with live output; Ctrl-C once = stop the remote task (EOF to its watcher), twice = drop the link.
+
+        Returns (exit status or None when the connection went away, whether we were interrupted).
+        """
+        channel = self._open_channel(command)
+        interrupted = 0
+        pending = {1: b"", 2: b""}
+
+        def emit(stream: BinaryIO, key: int):
+            def write(data: bytes) -> None:
+                stream.write(data)
+                stream.flush()
+                if on_line is not None:
+                    lines = (pending[key] + data).split(b"\n")
+                    pending[key] = lines.pop()
+                    for line in lines:
+                        on_line(line)
+            return write
+
+        while True:
+            try:
+                pump(channel, emit(out, 1), emit(err, 2))
+                break
+            except KeyboardInterrupt:
+                interrupted += 1
+                if interrupted == 1:
+                    err.write(b"\n[verl-e2e] Ctrl-C: stopping the remote task (Ctrl-C again to disconnect)\n")
+                    err.flush()
+                    with contextlib.suppress(OSError, EOFError):
+                        channel.shutdown_write()
+                else:
+                    channel.close()
+                    break
+        for key in pending:
+            if pending[key] and on_line is not None:
+                on_line(pending[key])
+        if channel.closed and not channel.exit_status_ready():
+            return None, bool(interrupted)
+        status = channel.recv_exit_status()
+        return (None if status == -1 else status), bool(interrupted)
+
+
+def pump(channel, on_stdout, on_stderr) -> None:
+    """Move a channel's stdout/stderr to callbacks until the remote side has sent everything."""
+    while True:
+        if channel.recv_ready():
+            on_stdout(channel.recv(1 << 16))
+        elif channel.recv_stderr_ready():
+            on_stderr(channel.recv_stderr(1 << 16))
+        elif channel.closed or (channel.eof_received and channel.exit_status_ready()):
+            while channel.recv_stderr_ready():
+                on_stderr(channel.recv_stderr(1 << 16))
+            return
+        else:
+            select.select([channel], [], [], 0.2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The task
+
+
+@dataclass
+class RemoteLayout:
+    tool: str
+    bridge: str | None
+    verl: str | None
+
+
+def _remote_path(path: str) -> str:
+    """`~/x` means x under the remote home (a quoted path is not tilde-expanded); relative paths are home-based."""
+    if path in ("~", "~/"):
+        return "."
+    return path[2:] if path.startswith("~/") else path
+
+
+def layout(remote_root: str | None, bridge_path: str | None, verl_path: str | None, tool_path: str | None,
+           sync_bridge: bool, sync_verl: bool) -> RemoteLayout:
+    root = _remote_path(remote_root or DEFAULT_REMOTE_ROOT).rstrip("/") or "/"
+
+    def under(name: str) -> str:
+        return f"{root}/{REMOTE_DIR_NAMES[name]}" if root != "/" else f"/{REMOTE_DIR_NAMES[name]}"
+
+    return RemoteLayout(
+        tool=_remote_path(tool_path) if tool_path else under("tool"),
+        bridge=(_remote_path(bridge_path) if bridge_path else under("bridge")) if sync_bridge else None,
+        verl=(_remote_path(verl_path) if verl_path else under("verl")) if sync_verl else None,
+    )
+
+
+def take_repo_flags(forwarded: list[str]) -> tuple[list[str], dict[str, str]]:
+    """--bridge-repo/--verl-repo in the forwarded task line name local checkouts: use them, do not forward them."""
+    kept, repos, i = [], {}, 0
+    while i < len(forwarded):
+        token = forwarded[i]
+        name, eq, value = token.partition("=")
+        if name in ("--bridge-repo", "--verl-repo"):
+            if not eq:
+                if i + 1 >= len(forwarded):
+                    raise UsageError(f"{name} needs a value")
+                value, i = forwarded[i + 1], i + 1
+            repos[name[2:].replace("-", "_")] = value
+        else:
+            kept.append(token)
+        i += 1
+    return kept, repos
+
+
+def task_wrapper_script(*, tool: str, python: str | None, env: dict[str, str], task_line: list[str],
+                        grace_s: int) -> str:
+    """The bash program the login shell runs on the host: venv on first use, the task in its own session, watcher."""
+    q = shlex.quote
+    if python:
+        setup = f"py={q(python)}"
+    else:
+        setup = (
+            "if [ ! -x .venv/bin/python ] || ! cmp -s pyproject.toml .venv/verl-e2e-pyproject.toml; then "
+            "echo '[verl-e2e] remote: setting up .venv (first use or pyproject.toml changed)' >&2; "
+            "python3 -m venv .venv && .venv/bin/python -m pip install -q -e . "
+            "&& cp pyproject.toml .venv/verl-e2e-pyproject.toml || exit 3; fi; py=.venv/bin/python")
+    exports = " ".join(f"{k}={q(v)}" for k, v in env.items())
+    command = " ".join(q(a) for a in task_line)
+    return "\n".join([
+        f"cd {q(tool)} || exit 3",
+        setup,
+        f"export {exports}" if exports else ":",
+        'exec 3<&0',  # the watcher's copy of the channel's stdin (a background job would get /dev/null)
+        f'setsid "$py" -m invoke {command} </dev/null &',
+        "task=$!",
+        'alive() { kill -0 -- -"$task" 2>/dev/null; }',
+        "stop_task() {",
+        '  alive || return 0; kill -INT -- -"$task" 2>/dev/null',
+        f'  n=0; while alive && [ "$n" -lt {int(grace_s) * 5} ]; do sleep 0.2; n=$((n+1)); done',
+        '  alive && kill -TERM -- -"$task" 2>/dev/null',
+        '  n=0; while alive && [ "$n" -lt 25 ]; do sleep 0.2; n=$((n+1)); done',
+        '  alive && kill -KILL -- -"$task" 2>/dev/null; return 0',
+        "}",
+        "( while IFS= read -r _ <&3; do :; done",
+        "  echo '[verl-e2e] remote: stop requested, interrupting the task' >&2; stop_task ) &",
+        "watcher=$!",
+        'wait "$task"; rc=$?',
+        "# what the task left running in its session is stopped too (no orphans on the GPU host)",
+        'if alive; then kill -TERM -- -"$task" 2>/dev/null; sleep 1; kill -KILL -- -"$task" 2>/dev/null; fi',
+        'kill "$watcher" 2>/dev/null',
+        'exit "$rc"',
+    ])
+
+
+def remote_task(
+    *,
+    host: str,
+    forwarded: list[str],
+    remainder: str = "",
+    remote_root: str | None = None,
+    bridge_path: str | None = None,
+    verl_path: str | None = None,
+    tool_path: str | None = None,
+    sync_only: bool = False,
+    force: bool = False,
+    checkout: bool = False,
+    dry_run: bool = False,
+    ssh_config: str | None = None,
+    remote_python: str | None = None,
+    tool_repo: Path = PROJECT_ROOT,
+    grace_s: int = 60,
+    out: BinaryIO | None = None,
+    err: BinaryIO | None = None,
+) -> int:
+    """The body of `invoke remote`; returns the exit code (the remote task's, or 2/3 for our own failures)."""
+    out = out or sys.stdout.buffer
+    err = err or sys.stderr.buffer
+
+    def say(text: str) -> None:
+        out.write((text + "\n").encode())
+        out.flush()
+
+    if not forwarded and not sync_only:
+        raise UsageError("name the task to run on the host (e.g. `invoke remote --host gpu01 level0 ...`) "
+                         "or pass --sync-only")
+    task_line, repo_flags = take_repo_flags(forwarded)
+    settings = resolve(repo_flags)
+    ssh_config = ssh_config or os.environ.get("VERL_E2E_SSH_CONFIG") or None
+    ssh_config_path = Path(os.path.expanduser(ssh_config)).absolute() if ssh_config else None
+    remote_python = remote_python or os.environ.get("VERL_E2E_REMOTE_PYTHON") or None
+    where = layout(remote_root, bridge_path, verl_path, tool_path,
+                   sync_bridge=settings.bridge_repo is not None, sync_verl=settings.verl_repo is not None)
+    trees = local_trees("tool", Path(tool_repo), where.tool)
+    if settings.bridge_repo is not None:
+        trees += local_trees("bridge", settings.bridge_repo, where.bridge)
+    if settings.verl_repo is not None:
+        trees += local_trees("verl", settings.verl_repo, where.verl)
+
+    remote = RemoteHost(host, ssh_config_path, remote_python)
+    try:
+        remote.open()
+        plan = make_plan(remote, trees, force=force, checkout=checkout)
+        say(f"[verl-e2e] sync plan for {remote.display}:\n{plan.describe()}")
+        for name in ("bridge", "verl"):
+            if getattr(settings, f"{name}_repo") is None:
+                say(f"  {name}: not synced ({name.upper()}_REPO is not set here)")
+        refusals = plan.refusals(force)
+        if refusals:
+            for line in refusals:
+                err.write(f"error: {line}\n".encode())
+            err.flush()
+            return EXIT_BAD_USAGE
+        roots = {p.tree.name: p.remote_root for p in plan.trees}
+        command = None
+        if task_line:
+            command = _task_command(roots, settings_paths=where, task_line=task_line, remainder=remainder,
+                                    python=remote_python, grace_s=grace_s)
+        if dry_run:
+            say("[verl-e2e] dry run: nothing written, nothing run")
+            if command:
+                say(f"[verl-e2e] remote command on {remote.display}:\n{command}")
+            return 0
+        result = apply_plan(remote, plan, force=force)
+        say(f"[verl-e2e] synced: {_counts(plan)}; {result.bytes_sent} bytes sent")
+        if command is None:
+            return 0
+        remote_log_dir = f"{roots['tool']}/verl_e2e_logs"
+        before = set(remote.helper("probe", {"trees": [], "list_dirs": [remote_log_dir]})["listings"][0]["entries"])
+        say(f"[verl-e2e] running on {remote.display}: {' '.join(shlex.quote(a) for a in task_line)}")
+        run_dirs: list[str] = []
+
+        def watch(line: bytes) -> None:
+            match = RUN_DIR_LINE.search(line.replace(b"\r", b""))
+            if match:
+                run_dirs.append(match.group(1).decode(errors="replace"))
+
+        status, interrupted = remote.stream(command, out, err, on_line=watch)
+        if not run_dirs:  # the task died before printing it: take what appeared in the remote LOG_DIR
+            after = remote.helper("probe", {"trees": [], "list_dirs": [remote_log_dir]})["listings"][0]["entries"]
+            run_dirs = [f"{remote_log_dir}/{name}" for name in sorted(set(after) - before)]
+        _copy_back(remote, run_dirs, roots["tool"], Path(settings.log_dir), say)
+        if status is None:
+            err.write(f"error: lost the connection to {remote.display} before the task finished\n".encode())
+            return 130 if interrupted else EXIT_BLOCKED
+        return status
+    except RemoteUnavailable as e:
+        err.write(f"error: {e}\n".encode())
+        err.flush()
+        return EXIT_BLOCKED
+    finally:
+        remote.close()
+
+
+def _counts(plan: SyncPlan) -> str:
+    return ", ".join(f"{p.tree.name} {len(p.writes)} written/{len(p.deletes)} deleted ({p.action})"
+                     for p in plan.trees)
+
+
+def _task_command(roots: dict[str, str], *, settings_paths: RemoteLayout, task_line: list[str], remainder: str,
+                  python: str | None, grace_s: int) -> str:
+    env = {"LOG_DIR": f"{roots['tool']}/verl_e2e_logs"}
+    if settings_paths.bridge is not None:
+        env["BRIDGE_REPO"] = roots["bridge"]
+    if settings_paths.verl is not None:
+        env["VERL_REPO"] = roots["verl"]
+    line = list(task_line)
+    if remainder.strip():
+        line += ["--", *remainder.split()]  # invoke hands the remainder over space-joined
+    script = task_wrapper_script(tool=roots["tool"], python=python, env=env, task_line=line, grace_s=grace_s)
+    return f"bash -lc {shlex.quote(script)}"
+
+
+def _copy_back(remote: RemoteHost, run_dirs: list[str], remote_tool: str, local_log_dir: Path, say) -> None:
+    import subprocess
+
+    for run_dir in dict.fromkeys(run_dirs):
+        source = run_dir if run_dir.startswith("/") else f"{remote_tool}/{run_dir}"
+        target = local_log_dir / Path(source.rstrip("/")).name
+        target.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.run(["rsync", "-a", "-s", "-e", remote.rsync_ssh_command(),
+                               remote.rsync_target(source.rstrip("/") + "/"), f"{target}/"],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            say(f"[verl-e2e] could not copy {remote.display}:{source} back: {proc.stderr.strip()[-300:]}")
+            continue
+        say(f"[verl-e2e] copied {remote.display}:{source} back")
+        say(f"[verl-e2e] run directory: {target}")
