@@ -254,7 +254,7 @@ def first_sync_script(root: str, commit: str, branch: str | None) -> str:
     ref = (f"git update-ref {q('refs/heads/' + branch)} {commit} && git symbolic-ref HEAD {q('refs/heads/' + branch)}"
            if branch else f"git update-ref --no-deref HEAD {commit}")
     return (f"set -e; mkdir -p {q(root)}; cd {q(root)}; test -z \"$(ls -A)\"; git init -q; "
-            f"git index-pack -q --stdin >/dev/null; echo {commit} > \"$(git rev-parse --git-dir)/shallow\"; "
+            f"git index-pack --stdin >/dev/null; echo {commit} > \"$(git rev-parse --git-dir)/shallow\"; "
             f"{ref}; git reset -q --hard {commit}")
 
 
