@@ -2,7 +2,15 @@
 verl container environment (`verl`). Session bodies live in sessions/; this file only declares them.
 """
 
+import logging
+import sys
+from pathlib import Path
+
 import nox
+
+# The session bodies import this project's packages; nox may be installed outside the project's environment.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+logging.getLogger("git").setLevel(logging.WARNING)  # nox logs at DEBUG: keep gitpython's commands out
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.sessions = ["lint", "tests"]
@@ -23,3 +31,28 @@ def lint(session: nox.Session) -> None:
     """ruff over the project (fixture checkouts excluded)."""
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session(venv_backend="none")
+def bridge_unit(session: nox.Session) -> None:
+    """Megatron-Bridge's targeted unit tests in $BRIDGE_REPO (`uv run python -m pytest -q`), recorded for levels.
+
+    Posargs: extra model-specific test paths, and `--allow-missing` to run the rest when a targeted path does not
+    exist at this commit, e.g. `nox -s bridge_unit -- tests/unit_tests/models/qwen/test_qwen3_provider.py`.
+    The record (Bridge commit + dirty files, counts, junit, command) goes under $LOG_DIR/bridge_unit/records.
+    """
+    from sessions.bridge_unit import nox_session
+
+    nox_session(session)
+
+
+@nox.session(venv_backend="none")
+def verl(session: nox.Session) -> None:
+    """The verl container environment: the image's own Python, PYTHONPATH = Bridge src + Megatron-LM + verl.
+
+    Installs nvidia-modelopt only when missing, then runs the invoke task given after `--`,
+    e.g. `nox -s verl -- level0 --model Qwen/Qwen2.5-0.5B` (VERL_USE_UV=0: nothing of the image is reinstalled).
+    """
+    from sessions.verl_env import nox_session
+
+    nox_session(session)

@@ -25,7 +25,7 @@ from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import Resolved, UsageError, config_section, resolve
 from sessions import level_rules
-from sessions.bridge_checks import BridgeChecks, resolve_bridge_checks
+from sessions.bridge_checks import BridgeChecks
 from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
 from sessions.verdict import Verdict
@@ -331,7 +331,11 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
 
 
 def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions, run_dir: Path) -> BridgeChecks:
-    return resolve_bridge_checks(Path(settings.log_dir), ctx.bridge, opts.skip_bridge_checks)
+    # the matching bridge_unit record, else run `nox -s bridge_unit` now (its log goes into the run directory)
+    from sessions.bridge_unit import ensure_for_level
+
+    return ensure_for_level(Path(settings.log_dir), ctx.bridge, opts.skip_bridge_checks, opts.bridge_tests,
+                            opts.allow_missing, run_dir, ctx.environ)
 
 
 def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], run_dir: Path, record: dict) -> None:
