@@ -71,3 +71,120 @@ def report(c, run_dir):
     from sessions.report import report_command
 
     return report_command(run_dir)
+
+
+@task(
+    auto_shortflags=False,
+    help={
+        "host": "GPU host as ssh takes it: [user@]host[:port] or an ~/.ssh/config alias (ProxyJump honoured)",
+        "remote_root": "remote folder holding the three checkouts (default ~/verl-e2e)",
+        "bridge_path": "remote Megatron-Bridge checkout (default <remote-root>/Megatron-Bridge)",
+        "verl_path": "remote verl checkout (default <remote-root>/verl)",
+        "tool_path": "remote copy of this project (default <remote-root>/verl-bridge-e2e)",
+        "sync_only": "sync the trees and stop; run nothing",
+        "force": "overwrite files edited on the remote since our last sync, keeping them as *.remote-backup-*",
+        "checkout": "move a remote checkout that is clean (but for our own synced files) to the local commit",
+        "dry_run": "print the sync plan and the remote command; write and run nothing",
+        "ssh_config": "ssh config file for Fabric and rsync alike (VERL_E2E_SSH_CONFIG; default: ssh's own)",
+        "remote_python": "Python with invoke on the host (VERL_E2E_REMOTE_PYTHON; default: a .venv made there)",
+    }
+)
+@one_line_errors
+def remote(c, host, remote_root=None, bridge_path=None, verl_path=None, tool_path=None, sync_only=False,
+           force=False, checkout=False, dry_run=False, ssh_config=None, remote_python=None):
+    """Sync the exact local changes of Bridge, verl and this project to a GPU host, run the task there.
+
+    Usage: invoke remote --host gpu01 level1 --model ORG/NAME [-- hydra overrides]. Streams the output, exits
+    with the task's code (3 when the host cannot be reached), and copies the run directory into the local LOG_DIR.
+    """
+    from env.cli import forwarded_args
+    from env.remote import remote_task
+
+    return remote_task(
+        host=host, forwarded=forwarded_args("remote"), remainder=c.remainder, remote_root=remote_root,
+        bridge_path=bridge_path, verl_path=verl_path, tool_path=tool_path, sync_only=sync_only, force=force,
+        checkout=checkout, dry_run=dry_run, ssh_config=ssh_config, remote_python=remote_python,
+    )
+
+
+@task(
+    help={
+        "image": "container image (VERL_IMAGE; default a vLLM-flavoured verlai/verl tag); recorded in the run",
+        "partition": "Slurm partition (default: the site's; SLURM_PARTITION/SBATCH_PARTITION also work)",
+        "gpus": "GPUs for the step (srun --gpus)",
+        "cpus": "CPUs for the step (--cpus-per-task; verl's Ray needs ~10 or more)",
+        "time": "time limit (MIN, HH:MM:SS or D-HH:MM)",
+        "srun_args": "site options, passed untouched to srun (and to sbatch with --detach), e.g. \"-A acct --qos=q\"",
+        "mounts": "extra container mounts SRC[:DST[:FLAGS]],... (checkouts, project, data, models, logs are mounted)",
+        "no_container": "run the task on the node with this project's Python instead of a pyxis container",
+        "detach": "submit a batch job (sbatch) holding the same step; print job id, log path and how to follow it",
+        "dry_run": "print the srun step (and batch script with --detach); submit nothing",
+        "allow_local_logs": "accept a node-local LOG_DIR (/tmp ...): only on a single-node test cluster",
+    }
+)
+@one_line_errors
+def slurm(c, image=None, partition=None, gpus=None, cpus=None, time=None, srun_args="", mounts="",
+          no_container=False, detach=False, dry_run=False, allow_local_logs=False):
+    """Run a task (level0 ... level5, prep-data, ...) in one Slurm srun step, in the verl container (pyxis).
+
+    Usage: invoke slurm [flags] level0 --model ORG/NAME [-- hydra overrides]. Inside the step the task runs via
+    `nox -s verl -- <task>` so setup and run share one container. Attached: exits with the task's code.
+    """
+    import shlex
+
+    from env.cli import forwarded_args
+    from env.settings import UsageError
+    from env.slurm import SlurmOptions, slurm_command
+
+    try:
+        task_line = forwarded_args("slurm") + (["--", *shlex.split(c.remainder)] if c.remainder else [])
+        numbers = {k: None if v is None else int(v) for k, v in (("gpus", gpus), ("cpus", cpus))}
+    except ValueError as e:
+        raise UsageError(f"bad value: {e}") from None
+    return slurm_command(SlurmOptions(
+        task_line=task_line, image=image, partition=partition, time=time, srun_args=srun_args or "",
+        mounts=mounts or "", no_container=no_container, detach=detach, dry_run=dry_run,
+        allow_local_logs=allow_local_logs, **numbers), config=c.config)
+
+
+@task(
+    help={
+        "job": "Slurm job id printed by `invoke slurm --detach`",
+        "log_dir": "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
+        "json": "print the state as JSON",
+    },
+    auto_shortflags=False,
+)
+@one_line_errors
+def slurm_status(c, job, log_dir=None, json=False):
+    """State of a detached job: squeue/sacct/scontrol, else the job's own exit file and run directory summary.
+
+    Exit 0 while it runs; once finished, the task's exit code (0 Pass, 1 Fail, 3 Blocked).
+    """
+    from pathlib import Path
+
+    from env.settings import config_section, resolve
+    from env.slurm_status import status_command
+
+    settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
+    return status_command(str(job), Path(settings.log_dir), as_json=json)
+
+
+@task(
+    help={
+        "job": "Slurm job id printed by `invoke slurm --detach`",
+        "log_dir": "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
+        "follow": "keep printing until the job has finished; then exit with the task's code",
+    },
+    auto_shortflags=False,
+)
+@one_line_errors
+def slurm_logs(c, job, log_dir=None, follow=False):
+    """Print a detached job's log (from $LOG_DIR/slurm/), optionally following it to the end."""
+    from pathlib import Path
+
+    from env.settings import config_section, resolve
+    from env.slurm_status import logs_command
+
+    settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
+    return logs_command(str(job), Path(settings.log_dir), follow=follow)

@@ -58,9 +58,12 @@ def install_parse_error_exit_code() -> None:
         for name in FORWARDING_TASKS:
             if name in self.collection.tasks:
                 flags = set()
-                for arg in self.collection[name].get_arguments():
+                forwarding_task = self.collection[name]
+                help_texts = dict(forwarding_task.help)  # get_arguments() pops them; `--help` needs them later
+                for arg in forwarding_task.get_arguments():
                     if arg.takes_value:
                         flags.update(("--" if len(n) > 1 else "-") + n.replace("_", "-") for n in arg.names)
+                forwarding_task.help = help_texts
                 value_flags[name] = flags
         self.core.unparsed, found = split_forwarded(list(self.core.unparsed), value_flags)
         _forwarded.clear()
