@@ -1,0 +1,236 @@
+"""Streaming reader for verl logs: finds candidate lines fast and normalises them.
+
+Two layers:
+- `scan_file` reads a file in large binary chunks and yields only the physical lines that contain one of the
+  wanted needles (bytes.find in C; no per-line Python work for the bulk of a multi-GB log). In a log bigger than
+  head+tail, the middle is searched with the judge's short "sparse" needle list (step lines, tracebacks, and
+  what the judge still lacks); the head, the tail and a window after every Traceback get the full list. A run
+  that dies prints its fatal error just before it ends (tail) or as a traceback (window).
+- `normalise` turns one physical line into logical lines: ANSI codes stripped, an external timestamp or srun
+  label dropped, Ray prefixes (nested, `ip=`) removed but remembered as the source, `[repeated Nx across
+  cluster]` dropped, and `\\r` tqdm redraws split into separate segments.
+
+Pasted logs wrap long `step:N - ...` lines; both readers join the wrapped continuation back onto the step line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+CHUNK_SIZE = 8 << 20
+HEAD_BYTES = 8 << 20
+TAIL_BYTES = 8 << 20
+TRACEBACK_WINDOW = 256 << 10
+MAX_JOINED_STEP = 1 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
+OWN_HEADER = "[verl-e2e]"  # our launcher's header lines: never evidence
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][AB012]")
+EXTERNAL_PREFIX_RE = re.compile(
+    r"^(?:\d{1,5}: )?"  # srun --label
+    r"(?:\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+)?"
+    r"(?:\d{1,5}: )?"
+)
+RAY_PREFIX_RE = re.compile(
+    r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
+)
+REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+STEP_LINE_BYTES_RE = re.compile(rb"(?<![\w/])step:\d+\s+-\s")
+# A wrapped continuation of a metrics line: fragments of `key:value` joined by ` - `, nothing else.
+CONTINUATION_BYTES_RE = re.compile(rb"^ ?(?:- )?[\w./@%()+\-:]*(?: - [\w./@%()+\-:]*)*(?: -)? ?$")
+RAY_PREFIX_BYTES_RE = re.compile(rb"\((?:[A-Za-z_][\w.\-]*(?: pid=\d+)?|pid=\d+)(?:, ip=[0-9A-Fa-f.:]+)?\) ")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    source: str | None  # outermost Ray actor/process name ("TaskRunnerV1", "WorkerDict", "raylet"), None = driver
+    text: str
+    inner: str | None = None  # innermost nested Ray prefix name (vLLM's EngineCore/Worker), when nested
+
+
+def normalise(raw: str) -> list[LogLine]:
+    """One physical line -> its logical lines (see module docstring). Our own header lines give none."""
+    if "\x1b" in raw:
+        raw = ANSI_RE.sub("", raw)
+    raw = raw.rstrip("\n")
+    if raw[:1].isdigit() or raw[:1] == "[":
+        raw = EXTERNAL_PREFIX_RE.sub("", raw, count=1)
+    source = inner = None
+    if raw.startswith("("):
+        pos = 0
+        while True:
+            match = RAY_PREFIX_RE.match(raw, pos)
+            if not match:
+                break
+            name = match.group("name") or "pid"
+            if source is None:
+                source = name
+            else:
+                inner = name
+            pos = match.end()
+        raw = raw[pos:]
+    if raw.endswith("]") and "across cluster" in raw:
+        raw = REPEATED_RE.sub("", raw)
+    if raw.startswith(OWN_HEADER):
+        return []
+    if "\r" not in raw:
+        text = raw.rstrip()
+        return [LogLine(source, text, inner)] if text else []
+    lines = []
+    for segment in raw.split("\r"):
+        segment = segment.rstrip()
+        if segment.strip():
+            lines.append(LogLine(source, segment.lstrip() if source else segment, inner))
+    return lines
+
+
+def _is_step_line(line: bytes) -> bool:
+    return b"step:" in line and STEP_LINE_BYTES_RE.search(line) is not None
+
+
+def _is_continuation(line: bytes) -> bool:
+    stripped = line.rstrip(b"\r\n")
+    if not stripped or stripped.startswith((b"\x1b", b"+", b"[")) or _is_step_line(stripped):
+        return False
+    if stripped.startswith(b"(") and RAY_PREFIX_BYTES_RE.match(stripped):
+        return False
+    return CONTINUATION_BYTES_RE.match(stripped) is not None
+
+
+def join_wrapped(lines: Iterable[str]) -> Iterator[str]:
+    """Text-line iterator with wrapped step-line continuations joined (for `judge_lines`)."""
+    pending: str | None = None
+    for line in lines:
+        line = line.rstrip("\n")
+        if pending is not None:
+            if len(pending) < MAX_JOINED_STEP and _is_continuation(line.encode("utf-8", "replace")):
+                pending += line.rstrip("\r")
+                continue
+            yield pending
+            pending = None
+        if "step:" in line and _is_step_line(line.encode("utf-8", "replace")):
+            pending = line.rstrip("\r")
+        else:
+            yield line
+    if pending is not None:
+        yield pending
+
+
+@dataclass
+class ScanStats:
+    bytes_read: int = 0
+    lines_yielded: int = 0
+    sparse_bytes: int = 0  # bytes searched with the sparse needle list only
+
+
+def scan_file(
+    path: str | os.PathLike[str],
+    full_needles: Sequence[bytes],
+    sparse_needles: Callable[[], Sequence[bytes]],
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    head_bytes: int = HEAD_BYTES,
+    tail_bytes: int = TAIL_BYTES,
+    stats: ScanStats | None = None,
+) -> Iterator[bytes]:
+    """Yield, in file order, the physical lines (bytes, no newline) holding a wanted needle.
+
+    `sparse_needles()` is asked once per chunk for the needles to use in the middle of a big log; it must
+    include b"Traceback" for the full-search window after a traceback to work.
+    """
+    stats = stats if stats is not None else ScanStats()
+    with open(path, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        tail_start = max(head_bytes, size - tail_bytes)
+        buf = bytearray(chunk_size + (1 << 16))
+        view = memoryview(buf)
+        filled = 0  # bytes of buf holding data (carry + new read)
+        base = 0  # file offset of buf[0]
+        full_until = head_bytes  # file offset up to which the full needle list applies (head, traceback windows)
+        eof = False
+        while not eof:
+            if filled >= len(buf) - (1 << 16):  # carry too big (giant line or deferred step): grow
+                view.release()
+                buf.extend(bytes(len(buf)))
+                view = memoryview(buf)
+            got = handle.readinto(view[filled:])
+            stats.bytes_read += got or 0
+            eof = not got
+            filled += got or 0
+            if eof:
+                cut = filled
+            else:
+                cut = buf.rfind(b"\n", 0, filled) + 1
+                if cut == 0:  # no newline in the whole buffer yet: read more
+                    continue
+            starts: set[int] = set()
+            # Middle ranges get the sparse list; head/tail/traceback windows the full list.
+            full_ranges = []
+            if base < full_until:
+                full_ranges.append((0, min(cut, full_until - base)))
+            if base + cut > tail_start:
+                full_ranges.append((max(0, tail_start - base), cut))
+            sparse = list(sparse_needles())
+            sparse_lo = full_ranges[0][1] if full_ranges and full_ranges[0][0] == 0 else 0
+            sparse_hi = full_ranges[-1][0] if full_ranges and full_ranges[-1][1] == cut else cut
+            if sparse_lo < sparse_hi:
+                stats.sparse_bytes += sparse_hi - sparse_lo
+                for needle in sparse:
+                    _collect(buf, needle, sparse_lo, sparse_hi, starts)
+                # A traceback in the middle opens a full-search window after it.
+                pos = buf.find(b"Traceback", sparse_lo, sparse_hi)
+                while pos != -1:
+                    line_start = buf.rfind(b"\n", 0, pos) + 1
+                    window_end = line_start + TRACEBACK_WINDOW
+                    full_ranges.append((line_start, min(cut, window_end)))
+                    full_until = max(full_until, base + window_end)
+                    pos = buf.find(b"Traceback", min(cut, window_end), sparse_hi)
+            for lo, hi in full_ranges:
+                if lo < hi:
+                    for needle in full_needles:
+                        _collect(buf, needle, lo, hi, starts)
+            consumed = 0  # lines starting before this offset were already yielded (joined continuations)
+            deferred = None
+            for start in sorted(starts):
+                if start < consumed:
+                    continue
+                end = buf.find(b"\n", start, cut)
+                end = cut if end == -1 else end
+                line = bytes(buf[start:end])
+                consumed = end + 1
+                if _is_step_line(line):
+                    nxt = end + 1
+                    while nxt < cut and len(line) < MAX_JOINED_STEP:
+                        nxt_end = buf.find(b"\n", nxt, cut)
+                        if nxt_end == -1:
+                            nxt_end = cut
+                        piece = buf[nxt:nxt_end]
+                        if not _is_continuation(piece):
+                            break
+                        line += bytes(piece).rstrip(b"\r")
+                        consumed = nxt = nxt_end + 1
+                    if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
+                        deferred = start  # its continuation may be in the next chunk: redo it then
+                        break
+                stats.lines_yielded += 1
+                yield line
+            keep_from = deferred if deferred is not None else cut
+            carry = filled - keep_from
+            buf[:carry] = buf[keep_from:filled]
+            base += keep_from
+            filled = carry
+
+
+def _collect(buf: bytearray, needle: bytes, lo: int, hi: int, starts: set[int]) -> None:
+    """Add the start offset of every line in buf[lo:hi] that holds `needle` (one hit per line)."""
+    find, rfind = buf.find, buf.rfind
+    pos = find(needle, lo, hi)
+    while pos != -1:
+        line_start = rfind(b"\n", 0, pos) + 1
+        starts.add(line_start)
+        line_end = find(b"\n", pos, hi)
+        if line_end == -1:
+            return
+        pos = find(needle, line_end + 1, hi)
