@@ -120,7 +120,8 @@ def remote(c, host, remote_root=None, bridge_path=None, verl_path=None, tool_pat
         "detach": "submit a batch job (sbatch) holding the same step; print job id, log path and how to follow it",
         "dry_run": "print the srun step (and batch script with --detach); submit nothing",
         "allow_local_logs": "accept a node-local LOG_DIR (/tmp ...): only on a single-node test cluster",
-    }
+    },
+    auto_shortflags=False,
 )
 @one_line_errors
 def slurm(c, image=None, partition=None, gpus=None, cpus=None, time=None, srun_args="", mounts="",

@@ -40,7 +40,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_dir", "LOG_DIR", "./verl_e2e_logs", "where run directories are written", "path"),
     Setting("gsm8k_dir", "GSM8K_DIR", "~/data/gsm8k", "output folder of prep-data", "path"),
     Setting("gsm8k_source", "GSM8K_SOURCE_DIR", None, "local raw copy of openai/gsm8k (used only if it exists)", "path"),
-    Setting("verl_image", "VERL_IMAGE", "verlai/verl:vllm011.latest", "verl container image (vLLM flavour)"),
+    # verl's stable vLLM image (docker/README.md of verl-project/verl, 2026-03: vllm==0.17.0); a moving tag
+    Setting("verl_image", "VERL_IMAGE", "verlai/verl:vllm017.latest", "verl container image (vLLM flavour)"),
     Setting("num_gpus", "NUM_GPUS", None, "GPUs for the run (default: detected)", "int"),
     Setting("ray_address", "RAY_ADDRESS", None, "attach to this Ray cluster instead of a throwaway one"),
     Setting("stall_timeout", "STALL_TIMEOUT_MIN", 30.0, "minutes without output while running before it is stopped", "float"),

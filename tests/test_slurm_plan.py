@@ -1,0 +1,230 @@
+"""`invoke slurm` composition as data: the pyxis flags, mounts, workdir, image tag, inner `nox -s verl` command,
+quoting of paths with spaces, the batch script, refusals. No Slurm and no pyxis needed (those runs are in
+tests/test_slurm_cluster.py); the batch script is parsed by a real bash against a recording `srun`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from env.settings import BY_NAME, UsageError
+from env.slurm import PROJECT, SlurmOptions, check_image, image_engine, plan
+
+
+@pytest.fixture
+def spaced(tmp_path) -> dict[str, str]:
+    """An environment whose checkouts, data, model and logs live under a folder with a space (off /tmp)."""
+    root = Path.home() / f".verl-e2e-test {os.getpid()}" / tmp_path.name
+    paths = {k: root / v for k, v in (("BRIDGE_REPO", "my repos/Megatron-Bridge"), ("VERL_REPO", "my repos/verl"),
+                                      ("MODEL_PATH", "models/Qwen 0.5B"), ("RM_MODEL_PATH", "models/rm"),
+                                      ("LOG_DIR", "shared logs"), ("HF_HOME", "hf"))}
+    for p in paths.values():
+        p.mkdir(parents=True, exist_ok=True)
+    data = root / "data dir"
+    data.mkdir(parents=True)
+    (data / "train.parquet").write_bytes(b"x")
+    (data / "test.parquet").write_bytes(b"x")
+    env = {k: str(v) for k, v in paths.items()}
+    env.update(TRAIN_FILES=str(data / "train.parquet"), VAL_FILES=str(data / "test.parquet"),
+               GSM8K_DIR=str(data), PATH=os.environ["PATH"], HOME=os.environ["HOME"])
+    yield env
+    import shutil
+
+    shutil.rmtree(root.parent, ignore_errors=True)
+
+
+def _plan(env, *task, **kw):
+    return plan(SlurmOptions(task_line=list(task), **kw), environ=env)
+
+
+def test_container_step_flags_mounts_workdir_and_inner_nox(spaced):
+    p = _plan(spaced, "level0", "--model", "Qwen/Qwen2.5-0.5B", "--", "trainer.val_before_train=False",
+              image="verlai/verl:vllm017.latest", partition="gpu", gpus=8, time="01:00:00", cpus=16)
+    argv = p.srun_argv()
+    assert argv[0] == "srun"
+    assert argv[1:7] == ["--nodes=1", "--ntasks=1", "--partition=gpu", "--time=01:00:00", "--gpus=8",
+                         "--cpus-per-task=16"]
+    assert "--container-image=verlai/verl:vllm017.latest" in argv
+    assert f"--container-workdir={PROJECT}" in argv
+    mounts_flag = next(a for a in argv if a.startswith("--container-mounts="))
+    mounts = [m.split(":") for m in mounts_flag.split("=", 1)[1].split(",")]
+    # every mount at its own host path: paths in settings, logs and reports mean the same file inside
+    assert all(src == dst for src, dst in mounts)
+    sources = {src for src, _ in mounts}
+    for key in ("BRIDGE_REPO", "VERL_REPO", "MODEL_PATH", "RM_MODEL_PATH", "LOG_DIR", "HF_HOME"):
+        assert spaced[key] in sources, key
+    assert str(Path(spaced["TRAIN_FILES"]).parent) in sources  # data: the folder, not the file
+    assert str(PROJECT) in sources
+    assert len(sources) == len(mounts)
+    # the inner command: nox -s verl -- <the task line, untouched>
+    assert p.inner_command == ["python3", "-m", "nox", "-s", "verl", "--", "level0", "--model", "Qwen/Qwen2.5-0.5B",
+                               "--", "trainer.val_before_train=False"]
+    assert p.step_env["VERL_IMAGE"] == "verlai/verl:vllm017.latest"
+    assert p.step_env["LOG_DIR"] == spaced["LOG_DIR"]
+    assert p.image_source == "flag"
+
+
+def test_nested_paths_fold_into_their_parent_and_absent_ones_are_said(spaced, tmp_path):
+    env = dict(spaced, VERL_REPO=str(Path(spaced["BRIDGE_REPO"]) / "sub verl"),
+               RM_MODEL_PATH=str(Path(spaced["BRIDGE_REPO"]).parent / "absent rm"))
+    Path(env["VERL_REPO"]).mkdir()
+    p = _plan(env, "level0")
+    sources = [s for s, _ in p.mounts]
+    assert env["VERL_REPO"] not in sources and spaced["BRIDGE_REPO"] in sources
+    assert env["RM_MODEL_PATH"] not in sources
+    assert any("absent" in n and env["RM_MODEL_PATH"] in n for n in p.notes)
+
+
+def test_extra_mounts_and_site_args_pass_through(spaced):
+    extra = Path(spaced["LOG_DIR"]).parent / "scratch"
+    extra.mkdir()
+    site = "-A my_acct --qos=high --reservation 'res one' --exclusive"
+    p = _plan(spaced, "level0", srun_args=site, mounts=f"{extra}:/scratch:ro,{extra}")
+    assert p.site_args == shlex.split(site)
+    argv = p.srun_argv()
+    i = argv.index("-A")
+    assert argv[i:i + 6] == ["-A", "my_acct", "--qos=high", "--reservation", "res one", "--exclusive"]
+    assert (str(extra), "/scratch:ro") in p.mounts and (str(extra), str(extra)) in p.mounts
+
+
+def test_step_script_exports_settings_drops_rocr_and_execs_the_task(spaced):
+    p = _plan(spaced, "level0", image="verlai/verl:vllm017.latest")
+    script = p.step_script
+    assert "unset ROCR_VISIBLE_DEVICES" in script
+    assert f"export LOG_DIR={shlex.quote(spaced['LOG_DIR'])}" in script
+    assert f"export BRIDGE_REPO={shlex.quote(spaced['BRIDGE_REPO'])}" in script
+    assert "export VERL_IMAGE=verlai/verl:vllm017.latest" in script
+    assert script.rstrip().endswith("exec python3 -m nox -s verl -- level0")
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+
+
+def test_no_container_runs_invoke_in_this_python(spaced):
+    p = _plan(spaced, "level0", "--skip-bridge-checks", no_container=True)
+    assert p.container_args == [] and p.image is None and "VERL_IMAGE" not in p.step_env
+    assert p.inner_command == [sys.executable, "-m", "invoke", "level0", "--skip-bridge-checks"]
+    assert not any(a.startswith("--container") for a in p.srun_argv())
+
+
+def test_relative_path_flags_are_made_absolute(spaced, monkeypatch, tmp_path):
+    monkeypatch.chdir(Path(spaced["LOG_DIR"]).parent)
+    p = _plan(spaced, "level0", "--log-dir", "shared logs", "--model-path=models/Qwen 0.5B")
+    assert p.task_line == ["level0", "--log-dir", spaced["LOG_DIR"], f"--model-path={spaced['MODEL_PATH']}"]
+    assert p.log_dir == Path(spaced["LOG_DIR"])
+
+
+def test_batch_script_holds_the_same_step_bash_parses_it_to_the_same_argv(spaced, tmp_path):
+    """A real bash runs the batch script against a recording `srun`: the argv it gets is exactly ours."""
+    p = _plan(spaced, "level0", "--model", "Qwen/Qwen2.5-0.5B", srun_args="-A 'acct with space'",
+              image="verlai/verl:vllm017.latest")
+    jobs = Path(spaced["LOG_DIR"]) / "slurm"
+    jobs.mkdir()
+    script = tmp_path / "batch.sh"
+    script.write_text(p.batch_script(jobs))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "argv.json"
+    srun = bin_dir / "srun"
+    srun.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
+                    "sys.exit(3)\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
+    out = subprocess.run(["bash", str(script)], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                                     "SLURM_JOB_ID": "42"}, capture_output=True, text=True)
+    assert out.returncode == 3  # the step's exit code is the job's
+    assert json.loads(record.read_text()) == p.srun_argv()[1:]
+    assert (jobs / "42.exit").read_text().strip() == "3"
+    sbatch = p.sbatch_argv(jobs, script)
+    assert sbatch[:2] == ["sbatch", "--parsable"] and f"--output={jobs / 'slurm-%j.log'}" in sbatch
+    assert sbatch[-3:] == ["-A", "acct with space", str(script)]
+
+
+def test_default_image_is_a_vllm_verlai_tag():
+    default = BY_NAME["verl_image"].default
+    assert default.startswith("verlai/verl:") and image_engine(default) == "vllm"
+
+
+@pytest.mark.parametrize("image,engine", [
+    ("verlai/verl:sgl059.latest", "sglang"),
+    ("verlai/verl:app-verl0.4-sglang0.4.6.post5-vllm0.8.5-mcore0.12.1", "sglang"),
+    ("verlai/verl:trtllm1.2.0rc6", "trtllm"),
+    ("verlai/verl:vllm017.latest", "vllm"),
+    ("verlai/verl:app-verl0.5-transformers4.55.4-vllm0.10.0-mcore0.13.0-te2.2", "vllm"),
+    ("nvcr.io/nvidia/pytorch:25.01-py3", None),
+])
+def test_image_engine(image, engine):
+    assert image_engine(image) == engine
+
+
+def test_non_vllm_image_with_engine_vllm_is_refused_with_the_reason(spaced):
+    with pytest.raises(UsageError, match=r"sglang-flavoured but the levels run ENGINE=vllm.*before the model"):
+        _plan(spaced, "level0", image="verlai/verl:sgl059.latest")
+    with pytest.raises(UsageError, match="trtllm-flavoured"):
+        _plan(dict(spaced, VERL_IMAGE="verlai/verl:trtllm1.2.0rc6"), "level0")
+    assert any("cannot tell the rollout engine" in w for w in check_image("nvcr.io/nvidia/pytorch:25.01-py3"))
+    assert any("moving tag" in w for w in check_image("verlai/verl:vllm017.latest"))
+    assert not check_image("verlai/verl@sha256:" + "0" * 64 + "-vllm")
+
+
+def test_node_local_log_dir_is_refused_unless_allowed(spaced):
+    env = dict(spaced, LOG_DIR="/tmp/verl logs")
+    with pytest.raises(UsageError, match="node-local"):
+        _plan(env, "level0")
+    with pytest.raises(UsageError, match="node-local"):
+        _plan(spaced, "level0", "--log-dir", "/dev/shm/x")
+    p = _plan(env, "level0", allow_local_logs=True)
+    assert any("node-local" in w for w in p.warnings)
+
+
+@pytest.mark.parametrize("task,kw,message", [
+    ((), {}, "name the task"),
+    (("--model", "x"), {}, "not a task name"),
+    (("slurm-status", "3"), {}, "makes no sense"),
+    (("level0",), {"gpus": 0}, "--gpus must be >= 1"),
+    (("level0",), {"time": "an hour"}, "not a Slurm time"),
+    (("level0",), {"srun_args": "-A 'unclosed"}, "cannot parse --srun-args"),
+    (("level0",), {"mounts": "/a:b"}, "container path must be absolute"),
+    (("level0",), {"mounts": "/data:/workspace"}, "would hide the image's /workspace/Megatron-LM"),
+])
+def test_bad_invocations(spaced, task, kw, message):
+    with pytest.raises(UsageError, match=message):
+        _plan(spaced, *task, **kw)
+
+
+def test_a_comma_in_a_mounted_path_is_refused(spaced):
+    odd = Path(spaced["LOG_DIR"]).parent / "a,b"
+    odd.mkdir()
+    with pytest.raises(UsageError, match="cannot express"):
+        _plan(dict(spaced, HF_HOME=str(odd)), "level0")
+
+
+def test_invoke_slurm_dry_run_via_the_real_cli(spaced):
+    """`invoke slurm --dry-run --detach ...` as a user runs it: the step, the sbatch line, nothing written."""
+    env = {**os.environ, **spaced}
+    env.pop("SLURM_CONF", None)
+    out = subprocess.run([sys.executable, "-m", "invoke", "slurm", "--dry-run", "--detach", "--gpus", "2",
+                          "--srun-args", "--qos=q", "level0", "--model", "Qwen/Qwen2.5-0.5B", "--", "a=b"],
+                         cwd=PROJECT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--container-image=verlai/verl:vllm017.latest" in out.stdout
+    assert "exec python3 -m nox -s verl -- level0 --model Qwen/Qwen2.5-0.5B -- a=b" in out.stdout
+    assert "# --detach: sbatch --parsable" in out.stdout and "--qos=q" in out.stdout
+    assert "container image: verlai/verl:vllm017.latest (from default)" in out.stdout
+    assert not (Path(spaced["LOG_DIR"]) / "slurm").exists()
+
+
+def test_invoke_slurm_refusals_are_one_line_exit_2(spaced):
+    env = {**os.environ, **spaced}
+    for args, message in ((["slurm", "--image", "verlai/verl:sgl059.latest", "level0"], "sglang-flavoured"),
+                          (["slurm"], "name the task"),
+                          (["slurm", "--gpus", "two", "level0"], "bad value")):
+        out = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert out.stderr.startswith("error: ") and message in out.stderr and "Traceback" not in out.stderr
