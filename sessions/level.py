@@ -156,7 +156,39 @@ def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tu
         opts.extra_overrides = shlex.split(remainder or "")
     except ValueError as e:
         raise UsageError(f"cannot parse the overrides after --: {e}") from None
+    _validate_level_options(opts)
     return opts, setting_flags
+
+
+def _validate_level_options(opts: LevelOptions) -> None:
+    """Level-specific flag values (bad ones are a usage error, exit 2, before anything runs)."""
+    from sessions import metrics
+
+    if opts.feature is not None and opts.feature not in level_rules.FEATURES:
+        raise UsageError(f"--feature must be one of {', '.join(level_rules.FEATURES)}, got {opts.feature!r}")
+    if opts.threshold is not None:
+        metrics.parse_threshold(opts.threshold)
+    if opts.baseline is not None:
+        base = Path(opts.baseline).expanduser().absolute()
+        if not ((base / metrics.METRICS_CSV).is_file() or (base / "verl.log").is_file()):
+            raise UsageError(f"--baseline {opts.baseline} is not a level run directory (no {metrics.METRICS_CSV} "
+                             f"or verl.log)")
+        opts.baseline = str(base)
+    if presets.LEVELS[opts.number].owns_checkpoints:
+        owned = [o for o in opts.extra_overrides if o.lstrip("+").startswith("trainer.default_local_dir=")]
+        if owned:
+            raise UsageError(f"level {opts.number} owns trainer.default_local_dir (a new directory per series, never a "
+                             f"stale one): drop {owned[0]}")
+
+
+def _validate_script(opts: LevelOptions, verl_repo: str) -> None:
+    """--script is a verl example script, relative to VERL_REPO (the run's cwd) or absolute; it must exist."""
+    if opts.script is None:
+        return
+    path = Path(opts.script).expanduser()
+    full = path if path.is_absolute() else Path(verl_repo) / path
+    if not full.is_file():
+        raise UsageError(f"--script {opts.script}: no such file under VERL_REPO ({verl_repo})")
 
 
 @dataclass
@@ -195,7 +227,8 @@ def plan_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: 
         env.update(settings_env(settings))
         env.update(wrapper_env)
         env["PYTHONPATH"] = ctx.pythonpath
-        args = [presets.RUNTIME_ENV_PYTHONPATH.format(ctx.pythonpath), *level.overrides, *ctx.overrides]
+        args = [presets.RUNTIME_ENV_PYTHONPATH.format(ctx.pythonpath), *level.overrides,
+                *(o for o in ctx.overrides if o not in level.overrides)]  # level 3 + no Apex: once each
         if opts.enforce_eager:
             args.append(presets.ENFORCE_EAGER)
         if level.owns_checkpoints:
@@ -267,12 +300,14 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     opts, setting_flags = parse_options(number, flags, getattr(c, "remainder", ""))
     settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
     ctx = build_context(opts, settings, probe=not opts.dry_run)
+    _validate_script(opts, ctx.verl.path)
     level = presets.LEVELS[number]
     if opts.enforce_eager:
         ctx.limitations.append("enforce_eager=True: vLLM CUDA-graph capture not exercised")
 
     if opts.dry_run:
         checks = run_checks(ctx, stop_at_blocked=False)
+        checks += level_rules.level_checks(number, ctx)
         for run in plan_runs(opts, settings, ctx, None):
             print(f"# run {run.name}: environment = this shell's, with:")
             shown = redact_env({k: v for k, v in run.env.items() if ctx.environ.get(k) != v})
@@ -291,6 +326,8 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     run_dir = _new_run_dir(Path(settings.log_dir), opts, settings.model_id)
     _say(f"run directory: {run_dir}")
     checks = run_checks(ctx)
+    if first_blocked(checks) is None:
+        checks += level_rules.level_checks(number, ctx)
     print(status_table(checks), flush=True)
     blocked = first_blocked(checks)
     planned = plan_runs(opts, settings, ctx, run_dir)
@@ -303,6 +340,8 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         "evidence": ctx.evidence, "limitations": ctx.limitations, "notes": ctx.notes,
         "overrides": ctx.overrides, "drop_env": ctx.drop_env, "runs": [], "bridge_checks": None,
         "started": time.time(), "finished": None, "stopped_before_verl": None,
+        # level 1: the series' own checkpoint directory (new with the run directory: never a stale one)
+        "checkpoint_dir": str(run_dir / "checkpoints") if level.owns_checkpoints else None,
     }
     (run_dir / "env.json").write_text(json.dumps(redact_env(planned[0].env), indent=2, sort_keys=True))
     (run_dir / "command.sh").write_text(
@@ -362,6 +401,8 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
                       .encode())
         entry.update(exit_code=result.exit_code, termination=result.termination, duration_s=result.duration_s,
                      signal=result.signal_name)
+        if record.get("checkpoint_dir"):  # what this run left in the series' directory (kept after cleanup)
+            entry["checkpoints"] = level_rules.checkpoint_state(Path(record["checkpoint_dir"]))
         _save_run(run_dir, record)
         if result.termination or result.exit_code != 0:
             break  # a later run of the series (level 1 B) means nothing after this one failed
@@ -406,6 +447,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
     number = record["level"]
     level = presets.LEVELS[number]
     judged = _judge_runs(run_dir, record)
+    record["run_dir"] = str(run_dir)  # where the rule finds the logs now (and writes level evidence)
     outcome = level_rules.combine(number, record, judged)
     bc = record.get("bridge_checks") or {"status": "Skipped", "detail": "preflight stopped first", "limitations": []}
     blocked = record.get("blocked")
@@ -447,7 +489,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
     result = overall_result(deliverables)
     title = f"Level {number} ({level.title}{variant})"
     if result == "Pass":
-        sentence = f"{title} passed: {level.proves}."
+        sentence = f"{title} passed: {outcome.proves or level.proves}."
     elif result == "Fail":
         bad = next(d for d in deliverables if d.status == "Fail")
         sentence = f"{title} failed — {bad.name}: {bad.detail}"
@@ -472,7 +514,8 @@ def summarize_run_dir(run_dir: Path) -> dict:
         "exit_code": EXIT_BY_RESULT[result],
         "sentence": sentence,
         "coverage": title + (" with enforce_eager" if record["options"].get("enforce_eager") else "")
-        + (" (dummy model)" if record["options"].get("dummy_config") else ""),
+        + (" (dummy model)" if record["options"].get("dummy_config") else "")
+        + (f", {outcome.coverage}" if outcome.coverage else ""),
         "model": model + (f" (MODEL_PATH={mp})" if mp else ""),
         "deliverables": [asdict(d) for d in deliverables],
         "evidence": {
@@ -488,6 +531,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
         "verdicts": {e["name"]: v.to_json() for e, v in judged},
         "run_dir": str(run_dir),
         "notes": record.get("notes", []),
+        "level_facts": outcome.facts,
     }
     return summary
 
