@@ -257,3 +257,30 @@ def test_not_a_git_checkout_is_bad_input(workspace, tmp_path):
     plain.mkdir()
     proc = workspace.invoke("level0", env={"BRIDGE_REPO": str(plain)})
     assert proc.returncode == 2 and "is not a git checkout" in proc.stderr
+
+
+def test_dummy_model_and_missing_reward_model_are_limitations(workspace, tmp_path):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text('{"num_hidden_layers": 1}')
+    shutil.rmtree(workspace.reward_model)
+    proc = workspace.invoke("level0", "--skip-bridge-checks", "--dummy-config", str(cfg))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(workspace)
+    md, summary = summary_of(run_dir)
+    assert "(dummy model)" in summary["coverage"]
+    assert any("dummy model" in x for x in summary["limitations"])
+    assert any("reward model disabled" in x for x in summary["limitations"])
+    log = (run_dir / "verl.log").read_text()
+    assert "reward.reward_model.enable=False" in log and "+ USE_DUMMY_MODEL=True" in log
+    assert (workspace.home / "dummy_models/Qwen/Qwen2.5-0.5B/config.json").is_file()
+
+
+def test_doctor_shows_every_check_and_exits_3_when_blocked(workspace, tmp_path):
+    ok = workspace.invoke("doctor")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    for name in ("Bridge checkout", "megatron.bridge is the local checkout", "modelopt", "data TRAIN_FILES", "GPUs",
+                 "nsys", "launcher"):
+        assert name in ok.stdout
+    bad = workspace.invoke("doctor", env={"TRAIN_FILES": str(tmp_path / "missing.parquet"), "NUM_GPUS": "0"})
+    assert bad.returncode == 3
+    assert bad.stdout.count("✘") >= 2  # doctor does not stop at the first blocked check
