@@ -189,3 +189,44 @@ def slurm_logs(c, job, log_dir=None, follow=False):
 
     settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
     return logs_command(str(job), Path(settings.log_dir), follow=follow)
+
+
+@task(
+    auto_shortflags=False,
+    help={
+        "base": "compare with this ref (default: upstream/main, else origin/main, else what main tracks, else main)",
+        "run": "run the recommended levels in order (Level 0 first) and write one combined report",
+        "model": "HF model id ORG/NAME for every level (default: MODEL_ID if set, else each level's proposal)",
+        "keep_going": "with --run: go on after a level that is not Pass (default: stop, later levels Skipped)",
+        "json": "print the recommendation (or, with --run, the combined summary) as JSON",
+        "dry_run": "with --run: show each level's exact environment and command (its own --dry-run); run nothing",
+        "bridge_repo": "Megatron-Bridge checkout whose change is planned (BRIDGE_REPO)",
+        "verl_repo": "verl checkout, passed to each level (VERL_REPO)",
+        "log_dir": "where the plan and level run directories go (LOG_DIR)",
+        "num_gpus": "GPUs for the runs, passed to each level (NUM_GPUS)",
+        "model_path": "local HF checkpoint, passed to each level (MODEL_PATH)",
+        "skip_bridge_checks": "passed to each level: do not require Bridge-side checks",
+        "bridge_tests": "passed to each level: extra model-specific Bridge test paths, comma separated",
+        "allow_missing": "passed to each level: run the Bridge checks even if a targeted path is missing",
+        "no_reward_model": "passed to each level: GSM8K rule reward instead of the reward model (a Limitation)",
+        "enforce_eager": "passed to each level: vLLM enforce_eager=True (a Limitation)",
+        "dummy_config": "passed to each level: minimal HF config JSON for the dummy-model path",
+    },
+)
+@one_line_errors
+def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_run=False, bridge_repo=None,
+         verl_repo=None, log_dir=None, num_gpus=None, model_path=None, skip_bridge_checks=False, bridge_tests=None,
+         allow_missing=False, no_reward_model=False, enforce_eager=False, dummy_config=None):
+    """Recommend the coverage levels the Bridge change justifies (with the rule and files behind each); --run runs them.
+
+    The change: committed since the merge-base with --base, plus uncommitted and untracked files. Also names the
+    provider family touched and its smallest public checkpoint (or the dummy-model path). Extra Hydra overrides
+    after `--` go to every level. With --run, exit 0 Pass, 1 Fail, 3 Blocked (the combined result).
+    """
+    from sessions.plan import plan_command
+
+    flags = dict(model=model, bridge_repo=bridge_repo, verl_repo=verl_repo, log_dir=log_dir, num_gpus=num_gpus,
+                 model_path=model_path, skip_bridge_checks=skip_bridge_checks, bridge_tests=bridge_tests,
+                 allow_missing=allow_missing, no_reward_model=no_reward_model, enforce_eager=enforce_eager,
+                 dummy_config=dummy_config)
+    return plan_command(c, flags, base=base, run=run, keep_going=keep_going, as_json=json, dry_run=dry_run)
