@@ -399,6 +399,9 @@ def render_text(plan: Plan, passthrough: list[str] | None = None, chosen_model: 
         for r in e.reasons:
             files = ", ".join(r.files) if r.files else "-"
             lines.append(f"    [{r.rule}] {r.why}: {files}")
+        moe_entry = (e.level, e.variant, e.feature) in ((2, "moe", None), (4, None, "moe"))
+        if chosen_model and moe_entry and e.model and e.model != chosen_model:
+            lines.append(f"    needs a MoE checkpoint: is {chosen_model} one? (proposed: {e.model})")
         if e.dummy and not chosen_model:
             lines.append(f"    no small public checkpoint: run with --dummy-config <minimal config JSON> "
                          f"--model {e.dummy['MODEL_ID']}")

@@ -255,3 +255,34 @@ def test_run_dry_run_runs_nothing(workspace):
     assert "invoke level1 --skip-bridge-checks --dry-run" in proc.stdout
     assert "SAVE_FREQ=1" in proc.stdout  # level 1's own dry-run printed its environment
     assert not workspace.log_dir.exists() or list(workspace.log_dir.iterdir()) == []
+
+
+def test_run_passes_when_every_level_passes(workspace):
+    _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})
+    proc = workspace.invoke("plan", "--run", "--skip-bridge-checks", "--no-reward-model")
+    plan_dir = next(workspace.log_dir.glob("*-plan-*"))
+    summary = json.loads((plan_dir / "summary.json").read_text())
+    assert [(lv["level"], lv["status"]) for lv in summary["levels"]] == [(0, "Pass"), (1, "Pass")], proc.stdout
+    assert summary["result"] == "Pass" and proc.returncode == 0
+    assert "Result: Pass - every recommended level passed (Level 0, Level 1)." in proc.stdout
+    assert "- Requested variants: Pass - Level 1: Pass - save/resume" in proc.stdout
+    assert all("--no-reward-model" in lv["command"] for lv in summary["levels"])
+
+
+def test_model_proposal_is_used_when_the_user_chose_none(workspace):
+    _feature_commit(workspace.bridge, {SRC + "models/qwen/qwen3_bridge.py": "class Qwen3Bridge:\n    pass\n"})
+    env = {k: v for k, v in workspace.env.items() if k not in ("MODEL_ID", "MODEL_PATH")}
+    workspace.env = env
+    proc = workspace.invoke("plan", check=True)
+    assert "Provider family: qwen3 (1 file(s)) → Qwen/Qwen3-0.6B" in proc.stdout
+    assert "invoke level0 --model Qwen/Qwen3-0.6B" in proc.stdout
+    chosen = workspace.invoke("plan", "--model", "Qwen/Qwen3-1.7B", check=True)
+    assert "invoke level0 --model Qwen/Qwen3-1.7B" in chosen.stdout
+
+
+def test_bad_bridge_repo_is_one_line(workspace, tmp_path):
+    proc = workspace.invoke("plan", "--bridge-repo", str(tmp_path / "nowhere"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: BRIDGE_REPO {tmp_path / 'nowhere'} does not exist"
+    bad_model = workspace.invoke("plan", "--model", "not a model")
+    assert bad_model.returncode == 2 and bad_model.stderr.startswith("error: --model must look like ORG/NAME")
