@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 CHUNK_SIZE = 8 << 20
-HEAD_BYTES = 8 << 20
-TAIL_BYTES = 8 << 20
+HEAD_BYTES = 4 << 20
+TAIL_BYTES = 4 << 20
 TRACEBACK_WINDOW = 256 << 10
 MAX_JOINED_STEP = 1 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
 OWN_HEADER = "[verl-e2e]"  # our launcher's header lines: never evidence
@@ -37,7 +37,7 @@ RAY_PREFIX_RE = re.compile(
     r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
 )
 REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-STEP_LINE_BYTES_RE = re.compile(rb"(?<![\w/])step:\d+\s+-\s")
+STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+([^\r\n]*)")
 # A wrapped continuation of a metrics line: fragments of `key:value` joined by ` - `, nothing else.
 CONTINUATION_BYTES_RE = re.compile(rb"^ ?(?:- )?[\w./@%()+\-:]*(?: - [\w./@%()+\-:]*)*(?: -)? ?$")
 RAY_PREFIX_BYTES_RE = re.compile(rb"\((?:[A-Za-z_][\w.\-]*(?: pid=\d+)?|pid=\d+)(?:, ip=[0-9A-Fa-f.:]+)?\) ")
@@ -86,8 +86,20 @@ def normalise(raw: str) -> list[LogLine]:
     return lines
 
 
+def step_line_match(line: bytes) -> re.Match[bytes] | None:
+    """The `step:N - ` of a metrics line (not `global_step:N`), found with bytes.find before any regex."""
+    pos = line.find(b"step:")
+    while pos != -1:
+        if pos == 0 or not (line[pos - 1 : pos].isalnum() or line[pos - 1 : pos] in (b"_", b"/")):
+            match = STEP_AT_BYTES_RE.match(line, pos)
+            if match:
+                return match
+        pos = line.find(b"step:", pos + 5)
+    return None
+
+
 def _is_step_line(line: bytes) -> bool:
-    return b"step:" in line and STEP_LINE_BYTES_RE.search(line) is not None
+    return step_line_match(line) is not None
 
 
 def _is_continuation(line: bytes) -> bool:
@@ -128,8 +140,10 @@ class ScanStats:
 def scan_file(
     path: str | os.PathLike[str],
     full_needles: Sequence[bytes],
-    sparse_needles: Callable[[], Sequence[bytes]],
+    middle_needles: Callable[[], Sequence[bytes]],
     *,
+    traceback_needle: bytes = b"Traceback (most recent call last)",
+    last_only_needle: bytes | None = b"Training Progress",
     chunk_size: int = CHUNK_SIZE,
     head_bytes: int = HEAD_BYTES,
     tail_bytes: int = TAIL_BYTES,
@@ -137,8 +151,9 @@ def scan_file(
 ) -> Iterator[bytes]:
     """Yield, in file order, the physical lines (bytes, no newline) holding a wanted needle.
 
-    `sparse_needles()` is asked once per chunk for the needles to use in the middle of a big log; it must
-    include b"Traceback" for the full-search window after a traceback to work.
+    `middle_needles()` is asked once per chunk for the needles to use in the middle of a big log. A line holding
+    `traceback_needle` in the middle opens a window searched with the full list. Of the lines holding
+    `last_only_needle` (frequent tqdm bars) only the last one of each full range is yielded.
     """
     stats = stats if stats is not None else ScanStats()
     with open(path, "rb", buffering=0) as handle:
@@ -155,10 +170,10 @@ def scan_file(
                 view.release()
                 buf.extend(bytes(len(buf)))
                 view = memoryview(buf)
-            got = handle.readinto(view[filled:])
-            stats.bytes_read += got or 0
-            eof = not got
-            filled += got or 0
+            got = handle.readinto(view[filled:]) or 0
+            stats.bytes_read += got
+            eof = got == 0
+            filled += got
             if eof:
                 cut = filled
             else:
@@ -166,31 +181,36 @@ def scan_file(
                 if cut == 0:  # no newline in the whole buffer yet: read more
                     continue
             starts: set[int] = set()
-            # Middle ranges get the sparse list; head/tail/traceback windows the full list.
             full_ranges = []
             if base < full_until:
                 full_ranges.append((0, min(cut, full_until - base)))
             if base + cut > tail_start:
                 full_ranges.append((max(0, tail_start - base), cut))
-            sparse = list(sparse_needles())
-            sparse_lo = full_ranges[0][1] if full_ranges and full_ranges[0][0] == 0 else 0
-            sparse_hi = full_ranges[-1][0] if full_ranges and full_ranges[-1][1] == cut else cut
-            if sparse_lo < sparse_hi:
-                stats.sparse_bytes += sparse_hi - sparse_lo
-                for needle in sparse:
-                    _collect(buf, needle, sparse_lo, sparse_hi, starts)
-                # A traceback in the middle opens a full-search window after it.
-                pos = buf.find(b"Traceback", sparse_lo, sparse_hi)
+            middle_lo = full_ranges[0][1] if full_ranges and full_ranges[0][0] == 0 else 0
+            middle_hi = full_ranges[-1][0] if full_ranges and full_ranges[-1][1] == cut else cut
+            if middle_lo < middle_hi:
+                stats.sparse_bytes += middle_hi - middle_lo
+                for needle in middle_needles():
+                    if needle == traceback_needle:
+                        continue
+                    _collect(buf, needle, middle_lo, middle_hi, starts)
+                # A traceback in the middle opens a full-search window from its line on.
+                pos = buf.find(traceback_needle, middle_lo, middle_hi)
                 while pos != -1:
                     line_start = buf.rfind(b"\n", 0, pos) + 1
                     window_end = line_start + TRACEBACK_WINDOW
                     full_ranges.append((line_start, min(cut, window_end)))
                     full_until = max(full_until, base + window_end)
-                    pos = buf.find(b"Traceback", min(cut, window_end), sparse_hi)
+                    pos = buf.find(traceback_needle, min(cut, window_end), middle_hi)
             for lo, hi in full_ranges:
-                if lo < hi:
-                    for needle in full_needles:
-                        _collect(buf, needle, lo, hi, starts)
+                if lo >= hi:
+                    continue
+                for needle in full_needles:
+                    _collect(buf, needle, lo, hi, starts)
+                if last_only_needle is not None:
+                    pos = buf.rfind(last_only_needle, lo, hi)
+                    if pos != -1:
+                        starts.add(buf.rfind(b"\n", 0, pos) + 1)
             consumed = 0  # lines starting before this offset were already yielded (joined continuations)
             deferred = None
             for start in sorted(starts):
@@ -206,10 +226,10 @@ def scan_file(
                         nxt_end = buf.find(b"\n", nxt, cut)
                         if nxt_end == -1:
                             nxt_end = cut
-                        piece = buf[nxt:nxt_end]
+                        piece = bytes(buf[nxt:nxt_end])
                         if not _is_continuation(piece):
                             break
-                        line += bytes(piece).rstrip(b"\r")
+                        line += piece.rstrip(b"\r")
                         consumed = nxt = nxt_end + 1
                     if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
                         deferred = start  # its continuation may be in the next chunk: redo it then

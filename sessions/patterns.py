@@ -1,7 +1,7 @@
 """The one table of log patterns the verdict engine knows: regex -> kind, phase, category, result rule, hint.
 
 Each pattern names a literal `needle` that every line it can match contains; the streaming reader only hands
-the judge lines that contain one of SCAN_NEEDLES, and tests check that every needle here contains one of them.
+the judge lines that contain one of the SCAN_NEEDLES_*, and tests check that every needle here contains one.
 Regexes are searched in the normalised text (no ANSI, no Ray prefix, one `\\r` segment).
 
 Kinds:
@@ -23,14 +23,18 @@ from dataclasses import dataclass
 # Phases in the order a healthy run passes them (sessions.verdict.PHASES holds the same names).
 PHASE_ORDER = ("launch", "ray-up", "model-build", "model-built", "rollout-up", "training", "checkpoint", "shutdown")
 
-# The streaming reader's prefilter. "always": searched everywhere; "full": in the head and tail of a big log and
-# after a Traceback; "early": like full, and in the middle only while the judge still lacks what they give.
-SCAN_NEEDLES_ALWAYS = ("step", "Traceback")
+# The streaming reader's prefilter. FULL: searched in the head and tail of a big log (all of a small one) and in a
+# window after each traceback. MIDDLE: the middle of a big log, where a healthy run only adds step lines and
+# checkpoint saves (long needles: bytes.find skips faster). EARLY: also in the middle until training starts.
+# "Training Progress" bars are frequent: only the last one of each chunk is read (LAST_ONLY_NEEDLE).
+SCAN_NEEDLES_MIDDLE = ("training/global_step:", "Traceback (most recent call last)", "Saving checkpoint")
+TRACEBACK_NEEDLE = "Traceback (most recent call last)"
+LAST_ONLY_NEEDLE = "Training Progress"
 SCAN_NEEDLES_FULL = (
-    "rror", "xception", "ERROR", "illed", "heckpoint", "Training Progress", "Segmentation", "core dumped",
+    "step", "Traceback", "rror", "xception", "ERROR", "illed", "heckpoint", "Segmentation", "core dumped",
     "Watchdog", "resource_tracker", "VISIBLE_DEVICES", "available GPUs", "Could not override", "Arrow",
-    "No space", "KeyboardInterrupt", "out of memory", "megatron/bridge", "NaN", "nccl", "NCCL",
-    "low on memory", "cannot be scheduled", "not in struct",
+    "No space", "KeyboardInterrupt", "out of memory", "megatron/bridge", "NaN", "NCCL", "low on memory",
+    "cannot be scheduled", "not in struct",
 )
 SCAN_NEEDLES_EARLY = (
     "MBRIDGE", "mbridge", "TRAIN_STEPS", "LORA", "PEFT", "parameters", "percentage", "from scratch", "Bridge",

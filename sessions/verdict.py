@@ -19,18 +19,20 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sessions.logstream import LogLine, ScanStats, join_wrapped, normalise, scan_file
+from sessions.logstream import LogLine, ScanStats, join_wrapped, normalise, scan_file, step_line_match
 from sessions.patterns import (
     CATEGORY_HINTS,
     CORE_METRIC_RE,
     FOLLOW_UPS,
     H_LORA,
+    LAST_ONLY_NEEDLE,
     METHOD_PHASES,
     RAY_WRAPPER_RE,
     ROLLOUT_SOURCE_RE,
-    SCAN_NEEDLES_ALWAYS,
     SCAN_NEEDLES_EARLY,
     SCAN_NEEDLES_FULL,
+    SCAN_NEEDLES_MIDDLE,
+    TRACEBACK_NEEDLE,
     Pattern,
     compiled,
 )
@@ -96,8 +98,8 @@ EXIT_BAD_USAGE = 2
 MAX_EVENTS = 400  # latest error events kept (the decisive ones are the latest: after the last progress)
 MAX_NOISE = 20
 MAX_BRIDGE_PATHS = 20
-METRICS_HEAD_STEPS = 1000  # step metrics kept for the first N steps ...
-METRICS_TAIL_STEPS = 1000  # ... and the last N (memory stays flat on endless logs)
+METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
+METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
@@ -105,9 +107,9 @@ NP_NUMBER_RE = re.compile(r"^np\.\w+\((.*)\)$")
 OPTIONAL_MODULE_RE = re.compile(
     r"No module named '(?:torchtitan|mindspeed|torch_npu|liger_kernel|deep_gemm|deep_ep|flashinfer)"
 )
-ALL_NEEDLES = SCAN_NEEDLES_ALWAYS + SCAN_NEEDLES_FULL + SCAN_NEEDLES_EARLY
-FULL_NEEDLES_BYTES = tuple(n.encode() for n in ALL_NEEDLES)
-ALWAYS_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_ALWAYS)
+ALL_NEEDLES = SCAN_NEEDLES_FULL + SCAN_NEEDLES_EARLY + (LAST_ONLY_NEEDLE,)
+FULL_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_FULL + SCAN_NEEDLES_EARLY)
+MIDDLE_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_MIDDLE)
 EARLY_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_EARLY)
 TABLE = compiled()
 
@@ -151,6 +153,10 @@ class _ErrorEvent:
         return _shorten(prefix + self.text)
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def _shorten(text: str, limit: int = MAX_LINE_SHOWN) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -187,18 +193,31 @@ class _Judge:
         self.first_event_since_progress: _ErrorEvent | None = None
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
         self.noise_after_last_step: list[str] = []
+        self.last_step_line: str | bytes | None = None
         self.sampled_middle = False
 
     # -- input ---------------------------------------------------------------------------------------------
-    def sparse_needles(self) -> tuple[bytes, ...]:
-        """Needles for the middle of a big log: steps and tracebacks, plus launch/build facts until training."""
+    def middle_needles(self) -> tuple[bytes, ...]:
+        """Needles for the middle of a big log: steps, saves, tracebacks, plus launch/build facts until training."""
         if self.reached >= PHASE_INDEX["training"]:
-            return ALWAYS_NEEDLES_BYTES
-        return ALWAYS_NEEDLES_BYTES + EARLY_NEEDLES_BYTES
+            return MIDDLE_NEEDLES_BYTES
+        return MIDDLE_NEEDLES_BYTES + EARLY_NEEDLES_BYTES
 
     def feed(self, raw: str) -> None:
         for line in normalise(raw):
             self._line(line)
+
+    def feed_bytes(self, raw: bytes) -> None:
+        """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed."""
+        if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
+            match = step_line_match(raw)
+            if match and int(match.group(1)) > 0:
+                self.seq += 1
+                if self.reached < PHASE_INDEX["ray-up"] and raw.startswith((b"(", b"\x1b")):
+                    self._advance("ray-up")
+                self._step(int(match.group(1)), match.group(2), raw)
+                return
+        self.feed(raw.decode("utf-8", "replace"))
 
     def _line(self, line: LogLine) -> None:
         self.seq += 1
@@ -274,12 +293,13 @@ class _Judge:
             self.reached = index
             self._progressed()
 
-    def _step(self, step: int, rest: str, text: str) -> None:
+    def _step(self, step: int, rest: str | bytes, text: str | bytes) -> None:
+        """A `step:N - k:v ...` metrics line. `rest`/`text` are bytes on the fast path (decoded only if kept)."""
         if step == 0:  # validation before training: metrics only
-            self.metrics_head.setdefault(0, parse_metrics(rest))
-            self.key_lines.setdefault("validation", _shorten(text, 240))
+            self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
+            self.key_lines.setdefault("validation", _shorten(_text(text), 240))
             return
-        if "training/global_step" not in rest and rest.count(":") < 3:
+        if isinstance(rest, str) and "training/global_step" not in rest and rest.count(":") < 3:
             return  # not a metrics line
         self._advance("training")
         if step > self.max_step:
@@ -288,16 +308,20 @@ class _Judge:
         self.phase = "training"
         self.last_step_seq = self.seq
         self.noise_after_last_step = []
-        self.key_lines["last_step"] = _shorten(text, 240)
+        self.last_step_line = text
         metrics = None
         if step in self.metrics_head or len(self.metrics_head) < METRICS_HEAD_STEPS:
-            metrics = self.metrics_head[step] = parse_metrics(rest)
+            metrics = self.metrics_head[step] = parse_metrics(_text(rest))
         else:
             if len(self.metrics_tail) == self.metrics_tail.maxlen:
                 self.metrics_dropped += 1
             self.metrics_tail.append((step, rest))
-        if "nan" in rest or "inf" in rest:
-            self._check_finite(step, metrics if metrics is not None else parse_metrics(rest))
+        if isinstance(rest, bytes):
+            suspicious = b"nan" in rest or b"inf" in rest
+        else:
+            suspicious = "nan" in rest or "inf" in rest
+        if suspicious:
+            self._check_finite(step, metrics if metrics is not None else parse_metrics(_text(rest)))
 
     def _check_finite(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -458,7 +482,10 @@ class _Judge:
         )
         verdict.step_metrics = dict(self.metrics_head)
         for step, rest in self.metrics_tail:
-            verdict.step_metrics[step] = parse_metrics(rest)
+            verdict.step_metrics[step] = parse_metrics(_text(rest))
+        if self.last_step_line is not None:
+            shown = normalise(_text(self.last_step_line))
+            self.key_lines["last_step"] = _shorten(shown[-1].text if shown else _text(self.last_step_line), 240)
         limitations = list(self.limitations)
         if self.level == 0 or self.level is None:
             limitations.append("Level 0 smoke: one PPO update proves the loop runs, not convergence")
@@ -642,8 +669,11 @@ def judge_log(
         raise ValueError(f"termination must be None, 'interrupted' or 'timeout', not {termination!r}")
     judge = _Judge(level, steps_expected, exit_code, termination, bridge_src)
     stats = ScanStats()
-    for raw in scan_file(path, FULL_NEEDLES_BYTES, judge.sparse_needles, stats=stats):
-        judge.feed(raw.decode("utf-8", "replace"))
+    for raw in scan_file(
+        path, FULL_NEEDLES_BYTES, judge.middle_needles, traceback_needle=TRACEBACK_NEEDLE.encode(),
+        last_only_needle=LAST_ONLY_NEEDLE.encode(), stats=stats,
+    ):
+        judge.feed_bytes(raw)
     judge.sampled_middle = stats.sparse_bytes > 0
     return judge.finish()
 

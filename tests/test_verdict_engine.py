@@ -1,0 +1,106 @@
+"""Unit tests of the verdict engine's pieces: normaliser, metrics parser, pattern table, streaming scanner."""
+
+from __future__ import annotations
+
+import math
+
+from sessions import patterns
+from sessions.logstream import join_wrapped, normalise, scan_file
+from sessions.verdict import ALL_NEEDLES, judge_command, judge_lines, judge_log, parse_metrics
+
+
+def test_normalise_strips_ansi_nested_prefixes_repeated_and_timestamps():
+    raw = ("2026-08-14T12:00:01.5Z \x1b[36m(vLLMHttpServer pid=2301, ip=10.0.0.4)\x1b[0m (EngineCore pid=7) "
+           "ERROR boom [repeated 3x across cluster]")
+    (line,) = normalise(raw)
+    assert (line.source, line.inner, line.text) == ("vLLMHttpServer", "EngineCore", "ERROR boom")
+
+
+def test_normalise_splits_carriage_return_redraws_and_drops_own_header():
+    lines = normalise("(TaskRunnerV1 pid=1) \rTraining Progress:  0%| 0/2\rTraining Progress: 50%| 1/2")
+    assert [line.text for line in lines] == ["Training Progress:  0%| 0/2", "Training Progress: 50%| 1/2"]
+    assert normalise("[verl-e2e] VANILLA_MBRIDGE=False") == []
+
+
+def test_parse_metrics_handles_numpy_nan_inf_and_scientific():
+    metrics = parse_metrics("a/x:np.float64(0.5) - b:np.int64(3) - c:nan - d:-inf - e:1.5e-05 - f:text")
+    assert metrics["a/x"] == 0.5 and metrics["b"] == 3 and math.isnan(metrics["c"])
+    assert metrics["d"] == -math.inf and metrics["e"] == 1.5e-05 and "f" not in metrics
+
+
+def test_every_pattern_is_reachable_through_the_prefilter():
+    scan = patterns.SCAN_NEEDLES_FULL + patterns.SCAN_NEEDLES_EARLY + (patterns.LAST_ONLY_NEEDLE,)
+    for pattern in patterns.PATTERNS:
+        if pattern.kind in ("ignore", "noise", "exception") or not pattern.needle:
+            continue
+        anchor = pattern.covered_by or pattern.needle
+        assert any(needle in anchor for needle in scan), pattern.name
+        if pattern.covered_by:
+            assert pattern.covered_by in scan, pattern.name
+
+
+def test_categories_have_hints_and_follow_ups():
+    from sessions.verdict import CATEGORIES
+
+    assert set(patterns.FOLLOW_UPS) == set(CATEGORIES)
+    assert all(patterns.CATEGORY_HINTS[c] for c in CATEGORIES if c != "success")
+
+
+def test_join_wrapped_rejoins_a_metrics_line_cut_mid_number():
+    lines = ["(TaskRunnerV1 pid=1) step:1 - training/global_step:1 - actor/pg_loss:0.0", "123 - actor/x:1",
+             "(TaskRunnerV1 pid=1) next"]
+    assert list(join_wrapped(lines))[0].endswith("actor/pg_loss:0.0123 - actor/x:1")
+
+
+def _healthy(steps, filler_lines=0):
+    out = ["+ VANILLA_MBRIDGE=False", f"+ TOTAL_TRAIN_STEPS={steps}", "(WorkerDict pid=2) Enabling LORA with rank=4"]
+    for n in range(1, steps + 1):
+        out += [f"(vLLMHttpServer pid=3) INFO throughput {i} tokens/s" for i in range(filler_lines)]
+        out.append(f"(TaskRunnerV1 pid=1) step:{n} - training/global_step:{n} - actor/pg_loss:np.float64(0.{n})")
+    return out
+
+
+def test_big_log_middle_is_sampled_but_steps_and_a_middle_traceback_are_found(tmp_path):
+    lines = _healthy(300, filler_lines=40)
+    middle = len(lines) // 2
+    lines[middle:middle] = ["Traceback (most recent call last):", "RuntimeError: boom in the middle"]
+    path = tmp_path / "big.log"
+    path.write_text("\n".join(lines) + "\n")
+    found = list(scan_file(path, [n.encode() for n in ALL_NEEDLES], lambda: [b"training/global_step:",
+                                                                              b"Traceback (most recent call last)"],
+                           chunk_size=1 << 16, head_bytes=1 << 14, tail_bytes=1 << 14))
+    assert b"RuntimeError: boom in the middle" in found
+    assert sum(1 for line in found if b"training/global_step:" in line) == 300
+    verdict = judge_log(path, exit_code=0)
+    assert verdict.result == "Pass" and verdict.steps_completed == 300
+
+
+def test_chunk_boundaries_do_not_lose_or_split_lines(tmp_path):
+    lines = _healthy(50, filler_lines=3)
+    path = tmp_path / "small.log"
+    path.write_text("\n".join(lines))  # no final newline
+    for chunk in (64, 100, 1000, 1 << 20):
+        found = list(scan_file(path, [b"step"], lambda: [b"step"], chunk_size=chunk, head_bytes=128, tail_bytes=128))
+        assert [line for line in found if b"global_step" in line] == [line.encode() for line in lines if "step:" in line]
+
+
+def test_nan_in_core_metric_fails_even_when_steps_complete():
+    lines = _healthy(1)[:-1] + ["(TaskRunnerV1 pid=1) step:1 - training/global_step:1 - actor/grad_norm:nan"]
+    verdict = judge_lines(lines, exit_code=0)
+    assert (verdict.result, verdict.category) == ("Fail", "nan-metrics")
+
+
+def test_exit_code_nonzero_denies_pass():
+    assert judge_lines(_healthy(1), exit_code=0).result == "Pass"
+    assert judge_lines(_healthy(1), exit_code=1).result == "Fail"
+
+
+def test_judge_command_exit_codes_and_unreadable_log(tmp_path, capsys):
+    path = tmp_path / "ok.log"
+    path.write_text("\n".join(_healthy(1)) + "\n")
+    assert judge_command(str(path), exit_code=0) == 0
+    assert judge_command(str(path), exit_code=0, as_json=True) == 0
+    assert '"result": "Pass"' in capsys.readouterr().out
+    assert judge_command(str(tmp_path / "missing.log")) == 2
+    assert capsys.readouterr().out.startswith("error: ")
+    assert judge_command(str(path), steps="x") == 2
