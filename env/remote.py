@@ -34,6 +34,7 @@ DEFAULT_REMOTE_ROOT = "verl-e2e"  # under the remote home
 REMOTE_DIR_NAMES = {"bridge": "Megatron-Bridge", "verl": "verl", "tool": "verl-bridge-e2e"}
 RUN_DIR_LINE = re.compile(rb"\[verl-e2e\] run directory: (.+?)\s*$")
 EXIT_BLOCKED, EXIT_BAD_USAGE = 3, 2
+RESET_SIGINT_AND_EXEC = "import os,signal,sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
 
 
 class RemoteUnavailable(Exception):
@@ -284,7 +285,8 @@ def task_wrapper_script(*, tool: str, python: str | None, env: dict[str, str], t
         setup,
         f"export {exports}" if exports else ":",
         'exec 3<&0',  # the watcher's copy of the channel's stdin (a background job would get /dev/null)
-        f'setsid "$py" -m invoke {command} </dev/null &',
+        # bash starts background jobs with SIGINT ignored (no job control); give the task the default back
+        f'setsid "$py" -c {q(RESET_SIGINT_AND_EXEC)} "$py" -m invoke {command} </dev/null &',
         "task=$!",
         'alive() { kill -0 -- -"$task" 2>/dev/null; }',
         "stop_task() {",
@@ -294,7 +296,8 @@ def task_wrapper_script(*, tool: str, python: str | None, env: dict[str, str], t
         '  n=0; while alive && [ "$n" -lt 25 ]; do sleep 0.2; n=$((n+1)); done',
         '  alive && kill -KILL -- -"$task" 2>/dev/null; return 0',
         "}",
-        "( while IFS= read -r _ <&3; do :; done",
+        "( trap '' PIPE  # after a dropped connection, writing our note must not kill the watcher",
+        "  while IFS= read -r _ <&3; do :; done",
         "  echo '[verl-e2e] remote: stop requested, interrupting the task' >&2; stop_task ) &",
         "watcher=$!",
         'wait "$task"; rc=$?',
