@@ -52,9 +52,11 @@ def open_repo(path: Path | str, what: str) -> git.Repo:
     try:
         repo = git.Repo(path)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        raise RepoError(f"{what} {path} is not a git checkout") from None
-    if repo.working_tree_dir is None or Path(repo.working_tree_dir).resolve() != path.resolve():
-        raise RepoError(f"{what} {path} is not the top of a git checkout (top: {repo.working_tree_dir})")
+        try:
+            top = git.Repo(path, search_parent_directories=True).working_tree_dir
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+            raise RepoError(f"{what} {path} is not a git checkout") from None
+        raise RepoError(f"{what} {path} is not the top of a git checkout (top: {top})") from None
     try:
         repo.head.commit
     except ValueError:

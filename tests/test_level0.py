@@ -225,7 +225,7 @@ def test_dry_run_prints_env_and_command_and_starts_nothing(workspace):
     "args,env,message",
     [
         (("level0",), {"BRIDGE_REPO": "/nonexistent/Megatron-Bridge"}, "does not exist"),
-        (("level0",), {"VERL_REPO": "/"}, "not the top of a git checkout"),
+        (("level0",), {"VERL_REPO": "<verl>/verl"}, "not the top of a git checkout"),
         (("level0", "--model", "not a model id"), {}, "--model must look like ORG/NAME"),
         (("level0", "--num-gpus", "many"), {}, "not a valid int"),
         (("level2", "--variant", "sparse"), {}, "--variant must be one of dense, moe"),
@@ -234,7 +234,7 @@ def test_dry_run_prints_env_and_command_and_starts_nothing(workspace):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(workspace, args, env, message):
-    merged = dict(workspace.env, **env)
+    merged = dict(workspace.env, **{k: v.replace("<verl>", str(workspace.verl)) for k, v in env.items()})
     if env.get("VERL_REPO") == "":
         merged.pop("VERL_REPO")
     proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env=merged, capture_output=True,
