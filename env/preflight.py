@@ -303,6 +303,16 @@ def check_ray_cpus(ctx: RunContext) -> Iterable[Check]:
         yield Check("Ray CPUs", OK, how)
 
 
+def check_container_image(ctx: RunContext) -> Iterable[Check]:
+    """In an `invoke slurm` container step: the exact image tag, into the run record (the procedure: pin it)."""
+    image = ctx.environ.get("VERL_E2E_CONTAINER_IMAGE")
+    if not image:
+        return
+    ctx.notes.append(f"container image: {image} (invoke slurm pyxis step)")
+    ctx.evidence["container_image"] = image
+    yield Check("container image", OK, f"{image} (the exact tag of this Slurm container step)")
+
+
 # Order matters: later checks read what earlier ones found (imports, model path).
 CHECKS: list[CheckFn] = [
     check_repos,
@@ -318,6 +328,7 @@ CHECKS: list[CheckFn] = [
     check_uv,
     check_apex,
     check_ray_cpus,
+    check_container_image,
 ]
 
 

@@ -340,7 +340,8 @@ def plan(opts: SlurmOptions, environ: dict[str, str] | None = None, config: Any 
             raise UsageError("no container image: set VERL_IMAGE or --image (a vLLM-flavoured verlai/verl tag)")
         warnings += check_image(image)
         mounts = compose_mounts(_mount_sources(settings, task_line), parse_extra_mounts(opts.mounts), notes)
-        step_env["VERL_IMAGE"] = image  # the exact tag, into run.json/env.json of the run
+        # the exact tag, into run.json/env.json; the second one tells preflight it runs in that container
+        step_env.update(VERL_IMAGE=image, VERL_E2E_CONTAINER_IMAGE=image)
         container_args = [f"--container-image={image}",
                           "--container-mounts=" + ",".join(f"{s}:{d}" for s, d in mounts),
                           f"--container-workdir={PROJECT}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -67,7 +68,7 @@ def test_container_step_flags_mounts_workdir_and_inner_nox(spaced):
     # the inner command: nox -s verl -- <the task line, untouched>
     assert p.inner_command == ["python3", "-m", "nox", "-s", "verl", "--", "level0", "--model", "Qwen/Qwen2.5-0.5B",
                                "--", "trainer.val_before_train=False"]
-    assert p.step_env["VERL_IMAGE"] == "verlai/verl:vllm017.latest"
+    assert p.step_env["VERL_IMAGE"] == p.step_env["VERL_E2E_CONTAINER_IMAGE"] == "verlai/verl:vllm017.latest"
     assert p.step_env["LOG_DIR"] == spaced["LOG_DIR"]
     assert p.image_source == "flag"
 
@@ -228,3 +229,18 @@ def test_invoke_slurm_refusals_are_one_line_exit_2(spaced):
                              text=True, timeout=60)
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert out.stderr.startswith("error: ") and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_container_image_lands_in_the_run_record(workspace):
+    """What the container step exports (VERL_E2E_CONTAINER_IMAGE) reaches preflight, run.json and summary.json."""
+    image = "verlai/verl:vllm017.latest"
+    out = workspace.invoke("level0", "--skip-bridge-checks",
+                           env={"VERL_E2E_CONTAINER_IMAGE": image, "VERL_IMAGE": image})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(rf"container image +{re.escape(image)} \(the exact tag", out.stdout), out.stdout
+    (run_dir,) = workspace.run_dirs()
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["evidence"]["container_image"] == image
+    assert run["settings"]["verl_image"] == image and run["setting_sources"]["verl_image"] == "env"
+    assert any(image in n for n in json.loads((run_dir / "summary.json").read_text())["notes"])
+    assert json.loads((run_dir / "env.json").read_text())["VERL_IMAGE"] == image
