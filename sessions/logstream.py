@@ -37,7 +37,7 @@ RAY_PREFIX_RE = re.compile(
     r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
 )
 REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+([^\r\n]*)")
+STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
 # A wrapped continuation of a metrics line: fragments of `key:value` joined by ` - `, nothing else.
 CONTINUATION_BYTES_RE = re.compile(rb"^ ?(?:- )?[\w./@%()+\-:]*(?: - [\w./@%()+\-:]*)*(?: -)? ?$")
 RAY_PREFIX_BYTES_RE = re.compile(rb"\((?:[A-Za-z_][\w.\-]*(?: pid=\d+)?|pid=\d+)(?:, ip=[0-9A-Fa-f.:]+)?\) ")

@@ -215,7 +215,8 @@ class _Judge:
                 self.seq += 1
                 if self.reached < PHASE_INDEX["ray-up"] and raw.startswith((b"(", b"\x1b")):
                     self._advance("ray-up")
-                self._step(int(match.group(1)), match.group(2), raw)
+                rest = raw[match.end() :]
+                self._step(int(match.group(1)), rest[: rest.find(b"\r")] if b"\r" in rest else rest, raw)
                 return
         self.feed(raw.decode("utf-8", "replace"))
 
