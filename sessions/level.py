@@ -494,7 +494,9 @@ def summarize_run_dir(run_dir: Path) -> dict:
         bad = next(d for d in deliverables if d.status == "Fail")
         sentence = f"{title} failed — {bad.name}: {bad.detail}"
     else:
-        bad = next(d for d in deliverables if d.status in ("Blocked", "Skipped"))
+        # name the blocker itself, not a deliverable that was merely skipped because of it
+        bad = next((d for d in deliverables if d.status == "Blocked"), None) or \
+            next(d for d in deliverables if d.status == "Skipped")
         sentence = (f"{title} blocked — {bad.name}: {bad.detail}. Not evidence against the Bridge provider.")
 
     limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + outcome.limitations
