@@ -494,13 +494,13 @@ def learning_signal(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOu
         if threshold is not None:
             got = ("never logged" if rep.threshold_value is None
                    else f"{rep.threshold_value:.4g} at step {rep.threshold_step}")
-            word += f" (not converged: threshold {threshold} not met, {threshold.metric} {got})"
+            word += f" (threshold {threshold} not met: {threshold.metric} {got}: not converged)"
             out.follow_ups.append(f"threshold {threshold} not met: not converged; run longer (--steps 50-100) for a "
                                   "convergence claim")
     checks = ", ".join(f.check for f in rep.findings)
     base = ""
     if baseline is not None:
-        base = "; vs baseline: " + "; ".join(d for d in directions if "than baseline" in d)
+        base = "; vs baseline: " + "; ".join(metrics.vs_baseline(t) for t in rep.baseline_trends)
     out.variant_detail = f"{word} over {steps}: {trend}{base}; checks passed: {checks}"
     out.coverage = f"{', '.join(requested)}: {word}"
     out.proves = f"{word} over {steps} ({trend}) without NaN, zero gradients, frozen adapters or constant log-probs"

@@ -336,17 +336,18 @@ def _compare_baseline(rep: SignalReport, training: StepMetrics, step_metrics: St
                                     "metrics: no comparison"))
     elif any(t.direction == "lower" for t in decisive):
         rep.findings.append(Finding("baseline", False, "below the known-good baseline: "
-                                    + "; ".join(_vs_baseline(t) for t in decisive)))
+                                    + "; ".join(vs_baseline(t) for t in decisive)))
     else:
-        rep.findings.append(Finding("baseline", True, "; ".join(_vs_baseline(t) for t in decisive)))
+        rep.findings.append(Finding("baseline", True, "; ".join(vs_baseline(t) for t in decisive)))
 
 
-def _vs_baseline(t: Trend) -> str:
-    return f"{t.metric} {t.direction} than baseline ({t.last:.4g} vs {t.first:.4g})"
+def vs_baseline(t: Trend) -> str:
+    how = "the same as" if t.direction == "same" else f"{t.direction} than"
+    return f"{t.metric} {how} baseline ({t.last:.4g} vs {t.first:.4g})"
 
 
 def describe_directions(rep: SignalReport) -> list[str]:
     """One line per metric: its direction vs step 0 / first steps, and vs the baseline when given."""
     lines = [str(t) for t in rep.trends]
-    lines += [_vs_baseline(t) for t in rep.baseline_trends]
+    lines += [vs_baseline(t) for t in rep.baseline_trends]
     return lines
