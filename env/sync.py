@@ -300,8 +300,10 @@ def apply_plan(host: RemoteHost, plan: SyncPlan, *, force: bool) -> SyncResult:
         elif p.action == "checkout":
             host.helper("checkout", {"root": p.remote_root, "commit": p.tree.head,
                                      "reset_paths": p.checkout_reset, "remove_paths": p.checkout_remove})
-    host.helper("prepare", {"trees": [{"root": p.remote_root, "backups": p.backups, "deletes": p.deletes}
-                                      for p in plan.trees if p.backups or p.deletes]})
+    to_prepare = [{"root": p.remote_root, "backups": p.backups, "deletes": p.deletes}
+                  for p in plan.trees if p.backups or p.deletes]
+    if to_prepare:
+        host.helper("prepare", {"trees": to_prepare})
     for p in plan.trees:
         rsync_bytes += rsync_files(host, p.tree.local, p.remote_root, p.writes)
     host.helper("record", {"trees": [{"root": p.remote_root, "manifest": p.manifest()} for p in plan.trees]})
