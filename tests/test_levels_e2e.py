@@ -254,6 +254,10 @@ def assert_png(path: Path) -> None:
     assert data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
     assert width >= 600 and height >= 400 and len(data) > 20_000  # six panels with lines, not an empty canvas
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(path)  # decodes: a real PNG, not only its header
+    assert pixels.shape[:2] == (height, width) and pixels[..., :3].std() > 0.05
 
 
 def test_level5_pass_writes_metrics_csv_and_plot_and_says_learning_signal_not_converged(workspace):
