@@ -52,11 +52,12 @@ class JobStatus:
         return self.step_exit_code
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess | None:
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
+    """The command's result; None when it is not installed or timed out (a client retries a missing config 60 s)."""
     if shutil.which(argv[0]) is None:
         return None
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None
 
@@ -65,6 +66,7 @@ def slurm_state(job_id: str) -> tuple[str | None, str | None, str | None]:
     """(state, source, exit "N:S") from squeue, then sacct, then scontrol; (None, None, None) if none knows it."""
     queued = None
     out = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
+    controller_down = out is None or "Unable to contact" in out.stderr
     if out is not None and out.returncode == 0 and out.stdout.strip():
         queued = out.stdout.split()[0]
         if queued in ACTIVE_STATES:
@@ -73,10 +75,11 @@ def slurm_state(job_id: str) -> tuple[str | None, str | None, str | None]:
     if out is not None and out.returncode == 0 and out.stdout.strip():
         state, _, code = out.stdout.strip().splitlines()[0].partition("|")
         return state.split()[0], "sacct", code or None
-    out = _run(["scontrol", "show", "job", "-o", job_id])
-    if out is not None and out.returncode == 0 and out.stdout.strip():
-        fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
-        return fields.get("JobState"), "scontrol", fields.get("ExitCode")
+    if not controller_down:  # scontrol asks the same controller: no second wait on it
+        out = _run(["scontrol", "show", "job", "-o", job_id])
+        if out is not None and out.returncode == 0 and out.stdout.strip():
+            fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+            return fields.get("JobState"), "scontrol", fields.get("ExitCode")
     return (queued, "squeue", None) if queued else (None, None, None)
 
 

@@ -123,9 +123,11 @@ def test_detach_returns_a_job_id_at_once_and_the_log_and_result_land_in_log_dir(
     assert st["slurm_state"] == "COMPLETED" and st["state_source"] == "scontrol"
     assert st["result"] == "Pass" and st["finished"] and st["run_dir"] == str(run_dir)
 
-    # Slurm no longer knows the job (accounting off, record aged out — here: no controller reachable): the job's
-    # own files still answer
-    gone = ws.invoke("slurm-status", job, env={"SLURM_CONF": str(cluster.root / "absent.conf")})
+    # Slurm no longer knows the job (accounting off, and here the controller is unreachable): the job's own files
+    # still answer
+    dead = cluster.root / "dead-controller.conf"
+    dead.write_text(re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=1", cluster.conf.read_text()))
+    gone = ws.invoke("slurm-status", job, env={"SLURM_CONF": str(dead)})
     assert gone.returncode == 0, gone.stdout + gone.stderr
     assert "Slurm no longer knows it" in gone.stdout
     assert "result: Pass (exit 0, from summary.json)" in gone.stdout and "step exit code: 0" in gone.stdout
