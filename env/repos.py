@@ -58,7 +58,7 @@ def open_repo(path: Path | str, what: str) -> git.Repo:
             raise RepoError(f"{what} {path} is not a git checkout") from None
         raise RepoError(f"{what} {path} is not the top of a git checkout (top: {top})") from None
     try:
-        repo.head.commit
+        _ = repo.head.commit  # raises on a repo without commits
     except ValueError:
         raise RepoError(f"{what} {path} has no commit yet") from None
     return repo

@@ -60,7 +60,7 @@ def test_pass_writes_the_procedures_summary_and_the_run_directory(workspace):
     run_dir = only_run_dir(workspace)
     md, summary = summary_of(run_dir)
     lines = md.splitlines()
-    for pattern, line in zip(SUMMARY_SHAPE, lines):
+    for pattern, line in zip(SUMMARY_SHAPE, lines, strict=False):
         assert re.fullmatch(pattern, line), (pattern, line)
     assert lines[0].startswith("Result: Pass - Level 0 (LoRA + DDP smoke) passed")
     assert "Follow-ups:" in lines
