@@ -17,6 +17,7 @@ from data.gsm8k import validate_parquet
 from env import presets
 from env.gpus import detect_gpus
 from env.pythonpath import ImportProbe, ProbeError, is_under, probe_imports
+from env.ray_probe import check_ray_worker
 from env.repos import MEGATRON_LM, RepoState
 from env.settings import Resolved
 
@@ -317,6 +318,7 @@ def check_container_image(ctx: RunContext) -> Iterable[Check]:
 CHECKS: list[CheckFn] = [
     check_repos,
     check_imports,
+    check_ray_worker,
     check_modelopt,
     check_data,
     check_model,

@@ -47,6 +47,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("stall_timeout", "STALL_TIMEOUT_MIN", 30.0, "minutes without output while running before it is stopped", "float"),
     Setting("modelopt_index_url", "MODELOPT_INDEX_URL", "https://pypi.nvidia.com", "extra index for nvidia-modelopt"),
     Setting("python", "VERL_PYTHON", None, "Python that runs verl (default: python3 on PATH)", "path"),
+    Setting("ray_probe", "VERL_E2E_RAY_PROBE", True,
+            "preflight 3: ask a Ray worker which megatron.bridge it imports (starts Ray when no --ray-address)", "bool"),
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -70,6 +70,8 @@ def workspace(_templates, tmp_path) -> Workspace:
         MODEL_PATH=str(ws.model), RM_MODEL_PATH=str(ws.reward_model), TRAIN_FILES=str(ws.data / "train.parquet"),
         VAL_FILES=str(ws.data / "test.parquet"), LOG_DIR=str(ws.log_dir), NUM_GPUS="1",
         PYTHONPATH=str(repos.SITE), PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
+        # preflight 3 starts a local Ray cluster (~15 s on 2 cores): off here, on in tests/test_ray_probe.py
+        VERL_E2E_RAY_PROBE="0",
     )
     ws.env = env
     return ws

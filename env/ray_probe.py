@@ -1,0 +1,180 @@
+"""Preflight 3: a Ray worker imports the same `megatron.bridge` as the driver.
+
+verl does not ship code to its workers: they import what their environment has, and the run gives them
+PYTHONPATH through `++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH=...`. The probe does the same thing
+with Ray itself: `ray.init(runtime_env={"env_vars": {"PYTHONPATH": ...}})` — on the cluster at `--ray-address`,
+else on a throwaway local cluster — and asks one task per alive node where `megatron.bridge` and
+`megatron.core` come from. The driver process gets no Bridge on its own PYTHONPATH, so only runtime_env can make
+the worker import pass, as in the real run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from env.pythonpath import is_under
+from env.repos import MEGATRON_LM
+
+if TYPE_CHECKING:
+    from env.preflight import Check, RunContext
+
+PROBE_TIMEOUT_S = 300.0
+
+# Runs in the run's Python; prints one JSON line. argv: address ("" = throwaway local), worker PYTHONPATH.
+_RAY_PROBE = r"""
+import json, sys
+address, pythonpath = sys.argv[1], sys.argv[2]
+out = {}
+try:
+    import ray
+except BaseException as e:
+    print(json.dumps({"driver_error": f"cannot import ray: {type(e).__name__}: {e}".splitlines()[0]}))
+    sys.exit(0)
+runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
+try:
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=1, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
+except BaseException as e:
+    print(json.dumps({"driver_error": f"ray.init failed: {type(e).__name__}: {e}".splitlines()[0]}))
+    sys.exit(0)
+
+@ray.remote(num_cpus=0)
+def where():
+    import importlib, importlib.util, os, socket
+    res = {"host": socket.gethostname(), "pythonpath": os.environ.get("PYTHONPATH", ""), "python": sys.executable}
+    for mod in ("megatron.bridge", "megatron.core"):
+        try:
+            m = importlib.import_module(mod)
+            res[mod] = {"file": getattr(m, "__file__", None) or list(getattr(m, "__path__", []))[0]}
+        except BaseException as e:
+            info = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+            try:
+                spec = importlib.util.find_spec(mod)
+                if spec is not None and spec.origin:
+                    info["file"] = spec.origin
+            except BaseException:
+                pass
+            res[mod] = info
+    return res
+
+try:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes] or [where.remote()]
+    out["workers"] = ray.get(refs, timeout=120)
+    out["cluster_cpus"] = ray.cluster_resources().get("CPU", 0)
+except BaseException as e:
+    out["driver_error"] = f"worker probe failed: {type(e).__name__}: {e}".splitlines()[0]
+finally:
+    ray.shutdown()
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class RayProbe:
+    address: str | None  # None: a throwaway local cluster
+    workers: list[dict] = field(default_factory=list)  # one per alive node
+    cluster_cpus: float | None = None
+    driver_error: str | None = None
+
+
+def _driver_pythonpath(environ: dict[str, str], worker_pythonpath: str) -> str:
+    """The driver's own PYTHONPATH without the run's entries: the worker must get them from runtime_env alone."""
+    run_parts = set(worker_pythonpath.split(os.pathsep))
+    return os.pathsep.join(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in run_parts)
+
+
+def probe_ray_worker(python: str, pythonpath: str, address: str | None = None, cwd: Path | None = None,
+                     environ: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S) -> RayProbe:
+    """Ask a Ray worker (one per node) where it imports megatron.bridge / megatron.core from."""
+    environ = dict(os.environ if environ is None else environ)
+    env = {k: v for k, v in environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = _driver_pythonpath(environ, pythonpath)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    probe = RayProbe(address)
+    try:
+        proc = subprocess.run([python, "-c", _RAY_PROBE, address or "", pythonpath], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        probe.driver_error = f"Python {python!r} not found"
+        return probe
+    except subprocess.TimeoutExpired:
+        probe.driver_error = f"Ray probe did not finish in {timeout:.0f}s"
+        return probe
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        probe.driver_error = f"Ray probe exited {proc.returncode}: {tail}"
+        return probe
+    data = json.loads(lines[-1])
+    probe.workers = data.get("workers") or []
+    probe.cluster_cpus = data.get("cluster_cpus")
+    probe.driver_error = data.get("driver_error")
+    return probe
+
+
+def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 3: a Ray worker, given the run's runtime_env PYTHONPATH, imports this Bridge checkout."""
+    from env.preflight import BLOCKED, OK, SKIPPED, WARN, Check
+
+    name = "Ray worker imports the local Bridge"
+    if not ctx.probe:
+        yield Check(name, SKIPPED, "dry-run: Ray probe not run")
+        return
+    if not ctx.settings.values.get("ray_probe", True):
+        ctx.notes.append("Ray worker import probe not run (VERL_E2E_RAY_PROBE=0): only the driver import was checked")
+        yield Check(name, SKIPPED, "VERL_E2E_RAY_PROBE=0: worker import not checked before the run")
+        return
+    address = ctx.settings.ray_address
+    where = f"Ray cluster at {address}" if address else "a throwaway local Ray cluster"
+    fix = f"++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ctx.pythonpath} (the level adds it)"
+    probe = probe_ray_worker(ctx.python, ctx.pythonpath, address, cwd=Path(ctx.verl.path), environ=ctx.environ)
+    if address and probe.cluster_cpus is not None:
+        ctx.evidence["ray_cluster_cpus"] = probe.cluster_cpus
+    if probe.driver_error:
+        fix_driver = ("check RAY_ADDRESS / --ray-address and that the cluster is up" if address
+                      else f"install ray in {ctx.python} (the Python that runs verl)")
+        category = "env-dependency" if probe.driver_error.startswith("cannot import ray") else "env-ray-import"
+        yield Check(name, BLOCKED, f"{where}: {probe.driver_error}", fix_driver, category)
+        return
+    bridge_src = Path(ctx.bridge.path) / "src"
+    expected_core = Path(ctx.bridge.path) / MEGATRON_LM
+    for worker in probe.workers:
+        host = worker.get("host", "?")
+        bridge = worker.get("megatron.bridge", {})
+        bridge_file = bridge.get("file")
+        if bridge.get("error") and not is_under(bridge_file, bridge_src):
+            yield Check(name, BLOCKED,
+                        f"{where}, worker on {host}: {bridge['error']} (worker PYTHONPATH={worker.get('pythonpath')})",
+                        f"give the workers the checkout through runtime_env: {fix}; on a multi-node cluster the "
+                        f"checkout must exist at {bridge_src} on every node", "env-ray-import")
+            return
+        if not is_under(bridge_file, bridge_src):
+            yield Check(name, BLOCKED, f"{where}, worker on {host} imports megatron.bridge from {bridge_file}, "
+                        f"not {bridge_src}", f"put {bridge_src} first in the workers' PYTHONPATH: {fix}",
+                        "wrong-bridge")
+            return
+        ctx.evidence.setdefault("worker_bridge_file", bridge_file)
+        core = worker.get("megatron.core", {})
+        ctx.evidence.setdefault("worker_core_file", core.get("file"))
+        detail = f"{where}, worker on {host}: megatron.bridge from {bridge_file}"
+        if bridge.get("error"):
+            # the checkout is found; a missing dependency is the driver check's business (same Python)
+            detail += f" (import error: {bridge['error']})"
+        yield Check(name, OK, detail)
+        if is_under(core.get("file"), expected_core):
+            yield Check("Ray worker megatron.core origin", OK, f"{core.get('file')} ({host})")
+        else:
+            yield Check("Ray worker megatron.core origin", WARN,
+                        f"worker on {host}: megatron.core from {core.get('file') or core.get('error')}, "
+                        f"not {expected_core}", f"check out the {MEGATRON_LM} submodule (git submodule update --init)")

@@ -1,0 +1,153 @@
+"""Preflight 3 on a real Ray: a worker given the run's runtime_env PYTHONPATH imports the fixture Bridge checkout.
+
+Ray tests are few and small (`num_cpus=1`): one head node started with `ray start --head --block` for the module
+(stopped by killing its own process group, never `ray stop`, which would stop other people's clusters), and one
+throwaway local cluster started by the probe itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from env.preflight import BLOCKED, OK, SKIPPED
+from env.pythonpath import compose
+from env.ray_probe import _driver_pythonpath, check_ray_worker, probe_ray_worker
+from env.settings import resolve
+from sessions.level import LevelOptions, build_context
+
+RAY = Path(sys.executable).parent / "ray"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("ray") / "head.log", "wb")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    proc = subprocess.Popen(
+        [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
+         "--block"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        if proc.poll() is not None:
+            pytest.fail(f"ray start --head exited {proc.returncode}: {Path(log.name).read_text()[-2000:]}")
+        time.sleep(0.5)
+    else:
+        pytest.fail("Ray head did not listen within 120 s")
+    yield f"127.0.0.1:{port}"
+    # only the processes this fixture started: its own process group
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(wait)
+            break
+        except ProcessLookupError:
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    log.close()
+
+
+def _context(workspace, **flags):
+    environ = dict(workspace.env)
+    settings = resolve({"python": sys.executable, **flags}, environ)
+    ctx = build_context(LevelOptions(0), settings, probe=True)
+    ctx.environ = environ
+    return ctx
+
+
+def test_driver_pythonpath_drops_the_runs_entries():
+    run = "/b/src:/b/3rdparty/Megatron-LM:/v"
+    assert _driver_pythonpath({"PYTHONPATH": "/b/src:/site:/v"}, run) == "/site"
+    assert _driver_pythonpath({}, run) == ""
+
+
+def test_dry_run_and_switched_off_probe_run_nothing(workspace):
+    ctx = _context(workspace)
+    ctx.probe = False
+    assert [c.status for c in check_ray_worker(ctx)] == [SKIPPED]
+    ctx = _context(workspace)  # workspace env has VERL_E2E_RAY_PROBE=0
+    checks = list(check_ray_worker(ctx))
+    assert [c.status for c in checks] == [SKIPPED] and "VERL_E2E_RAY_PROBE=0" in checks[0].detail
+    assert any("Ray worker import probe not run" in n for n in ctx.notes)
+    assert "worker_bridge_file" not in ctx.evidence
+
+
+@pytest.mark.ray
+def test_cluster_worker_right_wrong_and_foreign_pythonpath(workspace, ray_head, tmp_path):
+    workspace.env["VERL_E2E_RAY_PROBE"] = "1"
+    ctx = _context(workspace, ray_address=ray_head)
+    checks = list(check_ray_worker(ctx))
+    main = checks[0]
+    assert main.status == OK, main
+    src = workspace.bridge / "src"
+    assert ctx.evidence["worker_bridge_file"].startswith(str(src))
+    assert ctx.evidence["worker_core_file"].startswith(str(workspace.bridge / "3rdparty/Megatron-LM"))
+    assert ctx.evidence["ray_cluster_cpus"] == 1
+    assert [c.status for c in checks[1:]] == [OK]
+
+    # the runtime_env PYTHONPATH misses the checkout: the worker cannot import megatron.bridge
+    ctx = _context(workspace, ray_address=ray_head)
+    ctx.pythonpath = str(tmp_path / "nowhere")
+    [blocked] = list(check_ray_worker(ctx))
+    assert blocked.status == BLOCKED and blocked.category == "env-ray-import"
+    assert "No module named 'megatron'" in blocked.detail
+    assert "runtime_env.env_vars.PYTHONPATH=" in blocked.fix and str(src) in blocked.fix
+    assert "worker_bridge_file" not in ctx.evidence
+
+    # another megatron.bridge first on the workers' path: the wrong Bridge
+    other = tmp_path / "site-packages"
+    (other / "megatron" / "bridge").mkdir(parents=True)
+    (other / "megatron" / "bridge" / "__init__.py").write_text("")
+    ctx = _context(workspace, ray_address=ray_head)
+    ctx.pythonpath = f"{other}:{ctx.pythonpath}"
+    [blocked] = list(check_ray_worker(ctx))
+    assert blocked.status == BLOCKED and blocked.category == "wrong-bridge" and str(other) in blocked.detail
+
+
+@pytest.mark.ray
+def test_level0_records_the_workers_bridge(workspace, ray_head):
+    proc = workspace.invoke("level0", "--skip-bridge-checks", "--ray-address", ray_head,
+                            env={"VERL_E2E_RAY_PROBE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    [run_dir] = workspace.run_dirs()
+    record = json.loads((run_dir / "run.json").read_text())
+    checks = {c["name"]: c for c in record["preflight"]}
+    assert checks["Ray worker imports the local Bridge"]["status"] == "ok"
+    worker_file = record["evidence"]["worker_bridge_file"]
+    assert worker_file.startswith(str(workspace.bridge / "src"))
+    assert checks["Ray CPUs"]["status"] == "warn" and "has 1 CPUs" in checks["Ray CPUs"]["detail"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    imp = next(d for d in summary["deliverables"] if d["name"] == "Local Bridge import in verl")
+    assert imp["status"] == "Pass" and f"Ray worker imports {worker_file}" in imp["detail"]
+
+
+@pytest.mark.ray
+def test_throwaway_local_cluster(workspace):
+    """No --ray-address: the probe starts (and shuts down) its own one-CPU cluster; the driver gets no Bridge."""
+    pythonpath = compose(workspace.bridge, workspace.verl)
+    environ = dict(workspace.env, PYTHONPATH=f"{pythonpath}:{workspace.env['PYTHONPATH']}")
+    probe = probe_ray_worker(sys.executable, pythonpath, None, environ=environ)
+    assert probe.driver_error is None
+    [worker] = probe.workers
+    assert worker["pythonpath"] == pythonpath  # what runtime_env gave it
+    assert worker["megatron.bridge"]["file"].startswith(str(workspace.bridge / "src"))
