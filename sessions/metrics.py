@@ -158,8 +158,9 @@ class SignalReport:
 
 
 def first_non_finite(step_metrics: StepMetrics) -> tuple[int, str, float] | None:
+    """The first step with a non-finite watched metric, and the first such metric in the log line's order."""
     for step in sorted(step_metrics):
-        for key in sorted(step_metrics[step]):
+        for key in step_metrics[step]:
             value = step_metrics[step][key]
             if not math.isfinite(value) and watched(key):
                 return step, key, value

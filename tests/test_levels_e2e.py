@@ -97,6 +97,9 @@ def test_level1_each_series_gets_a_new_checkpoint_dir_and_removes_it_by_default(
     run_dir, _, summary = run(workspace, "level1")
     assert summary["result"] == "Pass"
     assert not (run_dir / "checkpoints").exists()  # no --keep-checkpoints
+    before = (run_dir / "summary.md").read_text()
+    report = workspace.invoke("report", str(run_dir))  # the rule reads what run.json recorded, not the files
+    assert report.returncode == 0 and (run_dir / "summary.md").read_text() == before, report.stdout[-2000:]
     # a second series does not resume from the first one's folders (they are gone and were its own)
     proc = workspace.invoke("level1", "--skip-bridge-checks")
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -133,9 +136,10 @@ def test_level1_refuses_to_be_pointed_at_another_checkpoint_dir(workspace):
 
 # -- level 2 ------------------------------------------------------------------------------------------------------
 
-def test_level2_dense_on_one_gpu_is_blocked_in_seconds_without_starting_verl(workspace):
+@pytest.mark.parametrize("gpus", ["1", "6"])  # fewer than TP2 x PP2, and not a multiple of it
+def test_level2_dense_on_too_few_gpus_is_blocked_in_seconds_without_starting_verl(workspace, gpus):
     start = time.monotonic()
-    run_dir, md, summary = run(workspace, "level2", "--variant", "dense", env={"NUM_GPUS": "1"}, expect=3)
+    run_dir, md, summary = run(workspace, "level2", "--variant", "dense", env={"NUM_GPUS": gpus}, expect=3)
     assert time.monotonic() - start < 30
     assert not list(run_dir.glob("verl*.log"))
     run_d = deliverable(summary, "verl Megatron backend run")
@@ -281,7 +285,7 @@ def test_level5_nan_at_step_7_of_20_fails_naming_the_step(workspace):
     run_dir, md, summary = run(workspace, "level5", env={"FIXTURE_NAN_STEP": "7"}, expect=1)
     variant = deliverable(summary, "Requested variants")
     assert variant["status"] == "Fail"
-    assert "first non-finite value: actor/grad_norm=nan at step 7 of 20" in variant["detail"]
+    assert "first non-finite value: actor/pg_loss=nan at step 7 of 20" in variant["detail"]
     assert summary["category"] == "nan-metrics"
     assert "step 7" in md.splitlines()[0]
     assert_png(run_dir / "metrics.png")  # evidence is written on failure too
@@ -359,3 +363,15 @@ def test_level5_report_rerenders_from_the_run_directory(workspace):
 
 def test_rules_registered_for_every_level():
     assert sorted(level_rules.RULES) == [1, 2, 3, 4, 5]
+
+
+def test_dry_runs_show_each_levels_plan_and_run_nothing(workspace):
+    one = workspace.invoke("level1", "--dry-run")
+    assert one.returncode == 0, one.stdout + one.stderr
+    assert "# run A" in one.stdout and "# run B" in one.stdout and "RESUME_MODE=auto" in one.stdout
+    assert one.stdout.count("trainer.default_local_dir=<run-dir>/checkpoints") == 2
+    three = workspace.invoke("level3", "--dry-run")
+    assert three.stdout.count("gradient_accumulation_fusion=False") == 3 and "USE_MEGATRON_FSDP=True" in three.stdout
+    five = workspace.invoke("level5", "--dry-run", "--steps", "50", "--threshold", "critic/score/mean>=0.6")
+    assert five.returncode == 0 and "TOTAL_TRAIN_STEPS=50" in five.stdout and "TEST_FREQ=10" in five.stdout
+    assert workspace.run_dirs() == []

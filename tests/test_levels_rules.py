@@ -235,3 +235,11 @@ def test_csv_round_trip_keeps_nan_and_missing_cells(tmp_path):
     assert sorted(back) == sorted(data)
     assert math.isnan(back[7]["actor/pg_loss"]) and back[3]["critic/vf_loss"] == data[3]["critic/vf_loss"]
     assert "actor/pg_loss" not in back[0]
+
+
+def test_plot_overlays_the_baseline(tmp_path):
+    from sessions import plots
+
+    alone = plots.plot_metrics(tmp_path / "alone.png", run_metrics()).read_bytes()
+    overlaid = plots.plot_metrics(tmp_path / "over.png", run_metrics(), baseline=run_metrics(trend=0.0)).read_bytes()
+    assert alone[:8] == overlaid[:8] == b"\x89PNG\r\n\x1a\n" and alone != overlaid
