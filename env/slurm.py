@@ -250,7 +250,7 @@ def compose_mounts(wanted: list[tuple[str, Path]], extra: list[tuple[str, str, s
     existing = []
     for why, path in wanted:
         path = path.absolute()
-        if not path.exists():
+        if not path.exists() and why != "log_dir":  # LOG_DIR is created before the step starts
             notes.append(f"not mounted ({why} is absent here): {path}")
             continue
         existing.append(path)

@@ -84,6 +84,14 @@ def test_nested_paths_fold_into_their_parent_and_absent_ones_are_said(spaced, tm
     assert any("absent" in n and env["RM_MODEL_PATH"] in n for n in p.notes)
 
 
+def test_an_absent_log_dir_is_still_mounted_it_is_created_before_the_step(spaced):
+    env = dict(spaced, LOG_DIR=str(Path(spaced["LOG_DIR"]).parent / "new logs"))
+    p = _plan(env, "level0")
+    assert not Path(env["LOG_DIR"]).exists()
+    assert (env["LOG_DIR"], env["LOG_DIR"]) in p.mounts
+    assert not any("absent" in n and env["LOG_DIR"] in n for n in p.notes)
+
+
 def test_extra_mounts_and_site_args_pass_through(spaced):
     extra = Path(spaced["LOG_DIR"]).parent / "scratch"
     extra.mkdir()
