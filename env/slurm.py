@@ -80,11 +80,14 @@ class SlurmPlan:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
-    @property
-    def step_script(self) -> str:
-        """The bash script the step runs (`bash -c <this>`)."""
+    def step_script(self, jobs_dir: Path | None = None) -> str:
+        """The bash script the step runs (`bash -c <this>`); in a batch job it first marks that it started."""
         lines = [
             f'echo "{TOOL_PREFIX} slurm step: job ${{SLURM_JOB_ID:-?}} step ${{SLURM_STEP_ID:-?}} on $(hostname)"',
+        ]
+        if jobs_dir is not None:
+            lines.append(f'touch {shlex.quote(str(jobs_dir))}/"$SLURM_JOB_ID".started')
+        lines += [
             'if [ -n "${ROCR_VISIBLE_DEVICES+x}" ] && [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then',
             f'  echo "{TOOL_PREFIX} ROCR_VISIBLE_DEVICES=$ROCR_VISIBLE_DEVICES was set next to '
             f'CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: unset inside this step"',
@@ -99,19 +102,28 @@ class SlurmPlan:
         lines.append("exec " + shlex.join(self.inner_command))
         return "\n".join(lines) + "\n"
 
-    def srun_argv(self) -> list[str]:
-        return ["srun", *self.alloc_args, *self.site_args, *self.container_args, "bash", "-c", self.step_script]
+    def srun_argv(self, jobs_dir: Path | None = None) -> list[str]:
+        return ["srun", *self.alloc_args, *self.site_args, *self.container_args, "bash", "-c",
+                self.step_script(jobs_dir)]
 
     def batch_script(self, jobs_dir: Path) -> str:
-        """The sbatch script: the same srun step, then the step's exit code into `<job>.exit`."""
-        exit_file = shlex.quote(str(jobs_dir)) + '/"$SLURM_JOB_ID".exit'
+        """The sbatch script: the same srun step, then the step's exit code into `<job>.exit`.
+
+        srun failing before the step started (image pull, mounts, allocation) is cluster setup, not the task's
+        verdict: exit 3 (Blocked), said in the log.
+        """
+        jobs = shlex.quote(str(jobs_dir))
         return "\n".join([
             "#!/bin/bash",
             f"# written by `invoke slurm --detach` for: {shlex.join(self.task_line)}",
             f"# image: {self.image if self.container else 'none (--no-container)'}",
-            shlex.join(self.srun_argv()),
+            shlex.join(self.srun_argv(jobs_dir)),
             "rc=$?",
-            f"echo \"$rc\" > {exit_file}",
+            f'if [ "$rc" -ne 0 ] && [ ! -e {jobs}/"$SLURM_JOB_ID".started ]; then',
+            f'  echo "{TOOL_PREFIX} srun exited $rc before the step started: cluster setup, not a verdict (exit 3)"',
+            "  rc=3",
+            "fi",
+            f'echo "$rc" > {jobs}/"$SLURM_JOB_ID".exit',
             f'echo "{TOOL_PREFIX} slurm step exit code $rc"',
             'exit "$rc"',
             "",
@@ -377,20 +389,66 @@ def require_binaries(*names: str) -> None:
         raise UsageError(f"{', '.join(missing)} not found on PATH: run this on a Slurm login node")
 
 
+STEP_STARTED = f"{TOOL_PREFIX} slurm step: job".encode()
+EXIT_BLOCKED = 3  # as a level's Blocked: the cluster, not the Bridge, stopped it
+
+
+def pyxis_missing() -> str | None:
+    """Why a container step cannot run here (srun without pyxis' --container-image), or None."""
+    try:
+        out = subprocess.run(["srun", "--help"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "srun --help did not answer within 60 s"
+    if "--container-image" not in out.stdout + out.stderr:
+        return ("srun here has no --container-image (the pyxis plugin is not installed): run on a pyxis cluster, "
+                "or pass --no-container to run the task in the node's own environment")
+    return None
+
+
+def _blocked(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    return EXIT_BLOCKED
+
+
 def run_attached(p: SlurmPlan) -> int:
-    """One srun step in the foreground; its output streams here; its exit code is the task's."""
+    """One srun step in the foreground; its output streams here; its exit code is the task's.
+
+    srun's own failures (allocation refused, unknown option) also exit non-zero; they are told apart from the
+    task's exit code by the line the step prints first, and exit 3 (Blocked: cluster setup) instead.
+    """
     require_binaries("srun")
+    if p.container and (why := pyxis_missing()):
+        return _blocked(why)
     p.log_dir.mkdir(parents=True, exist_ok=True)
     argv = p.srun_argv()
     _say(f"srun step: {shlex.join(argv[:-1])} <step script>")
-    proc = subprocess.run(argv, cwd=p.workdir)
-    _say(f"slurm step exit code {proc.returncode}")
-    return proc.returncode
+    proc = subprocess.Popen(argv, cwd=p.workdir, stdout=subprocess.PIPE)
+    started, tail, out = False, b"", sys.stdout.buffer
+    try:
+        while chunk := os.read(proc.stdout.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+            if not started:
+                tail = (tail + chunk)[-4096:]
+                started = STEP_STARTED in tail
+        code = proc.wait()
+    except KeyboardInterrupt:  # srun got the Ctrl-C too and cancels the step; let it finish that
+        try:
+            proc.wait(timeout=30)
+        finally:
+            raise
+    if not started and code != 0:
+        return _blocked(f"srun exited {code} before the step started (see srun's message above): cluster setup, "
+                        f"not a verdict")
+    _say(f"slurm step exit code {code}")
+    return code
 
 
 def submit(p: SlurmPlan) -> int:
     """sbatch a script holding the same srun step; record the job under $LOG_DIR/slurm/ and say how to follow it."""
     require_binaries("sbatch")
+    if p.container and (why := pyxis_missing()):
+        return _blocked(why)
     jobs_dir = p.log_dir / JOBS_SUBDIR
     jobs_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
@@ -401,8 +459,9 @@ def submit(p: SlurmPlan) -> int:
     proc = subprocess.run(argv, cwd=p.workdir, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
-        raise UsageError(f"sbatch refused the job (exit {proc.returncode}): "
-                         f"{(proc.stderr.strip().splitlines() or ['no message'])[-1]}")
+        script.unlink()
+        return _blocked(f"sbatch refused the job (exit {proc.returncode}): "
+                        f"{(proc.stderr.strip().splitlines() or ['no message'])[-1]}")
     job_id = proc.stdout.strip().split(";")[0]
     log = jobs_dir / f"slurm-{job_id}.log"
     record = {"job_id": job_id, "task_line": p.task_line, "container": p.container, "image": p.image,
@@ -423,7 +482,7 @@ def slurm_command(opts: SlurmOptions, config: Any = None) -> int:
     print_plan(p, opts.detach)
     if opts.dry_run:
         print("# the step (srun):")
-        print(" \\\n  ".join(shlex.quote(a) for a in p.srun_argv()[:-1]) + " \\\n  " + shlex.quote(p.step_script))
+        print(" \\\n  ".join(shlex.quote(a) for a in p.srun_argv()[:-1]) + " \\\n  " + shlex.quote(p.step_script()))
         if opts.detach:
             jobs_dir = p.log_dir / JOBS_SUBDIR
             print(f"# --detach: sbatch {shlex.join(p.sbatch_argv(jobs_dir, jobs_dir / 'batch-<stamp>.sh')[1:])}")

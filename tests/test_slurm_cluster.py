@@ -149,3 +149,26 @@ def test_status_of_an_unknown_job_is_a_one_line_error(ws):
     assert out.returncode == 2 and out.stderr.startswith("error: job 999999: unknown to Slurm")
     out = ws.invoke("slurm-status", "12; rm -rf /")
     assert out.returncode == 2 and "not a Slurm job id" in out.stderr
+
+
+@pytest.mark.parametrize("detach", [False, True])
+def test_container_step_without_pyxis_is_blocked_not_a_verdict(ws, detach):
+    """This cluster has no pyxis: the container step is refused up front (exit 3), nothing is submitted."""
+    out = ws.invoke("slurm", *(["--detach"] if detach else []), *LOCAL, "level0", "--skip-bridge-checks")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "no --container-image (the pyxis plugin is not installed)" in out.stderr and "--no-container" in out.stderr
+    assert not ws.run_dirs() and not (ws.log_dir / "slurm").exists()
+
+
+def test_srun_refusing_the_step_is_blocked_not_the_tasks_exit_code(ws):
+    out = ws.invoke("slurm", "--no-container", *LOCAL, "--srun-args", "--nodelist=no-such-node", "level0",
+                    "--skip-bridge-checks")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "before the step started" in out.stderr and not ws.run_dirs()
+
+
+def test_sbatch_refusing_the_job_is_blocked(ws):
+    out = ws.invoke("slurm", "--no-container", "--detach", *LOCAL, "--partition", "no-such-partition", "level0")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert out.stderr.rstrip().splitlines()[-1].startswith("error: sbatch refused the job")
+    assert not list((ws.log_dir / "slurm").glob("*.json"))

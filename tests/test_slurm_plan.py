@@ -106,7 +106,7 @@ def test_extra_mounts_and_site_args_pass_through(spaced):
 
 def test_step_script_exports_settings_drops_rocr_and_execs_the_task(spaced):
     p = _plan(spaced, "level0", image="verlai/verl:vllm017.latest")
-    script = p.step_script
+    script = p.step_script()
     assert "unset ROCR_VISIBLE_DEVICES" in script
     assert f"export LOG_DIR={shlex.quote(spaced['LOG_DIR'])}" in script
     assert f"export BRIDGE_REPO={shlex.quote(spaced['BRIDGE_REPO'])}" in script
@@ -142,13 +142,19 @@ def test_batch_script_holds_the_same_step_bash_parses_it_to_the_same_argv(spaced
     record = tmp_path / "argv.json"
     srun = bin_dir / "srun"
     srun.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
-                    "sys.exit(3)\n")
+                    "sys.exit(5)\n")
     srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
     out = subprocess.run(["bash", str(script)], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
                                                      "SLURM_JOB_ID": "42"}, capture_output=True, text=True)
-    assert out.returncode == 3  # the step's exit code is the job's
-    assert json.loads(record.read_text()) == p.srun_argv()[1:]
-    assert (jobs / "42.exit").read_text().strip() == "3"
+    assert json.loads(record.read_text()) == p.srun_argv(jobs)[1:]
+    # this srun never started the step (no 42.started): cluster setup, exit 3 (Blocked), not the task's 5
+    assert out.returncode == 3 and (jobs / "42.exit").read_text().strip() == "3"
+    assert "srun exited 5 before the step started" in out.stdout
+    # a step that started keeps its own exit code
+    (jobs / "42.started").touch()
+    out = subprocess.run(["bash", str(script)], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                                     "SLURM_JOB_ID": "42"}, capture_output=True, text=True)
+    assert out.returncode == 5 and (jobs / "42.exit").read_text().strip() == "5"
     sbatch = p.sbatch_argv(jobs, script)
     assert sbatch[:2] == ["sbatch", "--parsable"] and f"--output={jobs / 'slurm-%j.log'}" in sbatch
     assert sbatch[-3:] == ["-A", "acct with space", str(script)]
