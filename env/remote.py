@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 
 from env import remote_helper
 from env.settings import UsageError, resolve
-from env.sync import SyncPlan, apply_plan, local_trees, make_plan
+from env.sync import SyncPlan, TransferFailed, apply_plan, local_trees, make_plan
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REMOTE_ROOT = "verl-e2e"  # under the remote home
@@ -399,7 +399,7 @@ def remote_task(
             err.write(f"error: lost the connection to {remote.display} before the task finished\n".encode())
             return 130 if interrupted else EXIT_BLOCKED
         return status
-    except RemoteUnavailable as e:
+    except (RemoteUnavailable, TransferFailed) as e:
         err.write(f"error: {e}\n".encode())
         err.flush()
         return EXIT_BLOCKED

@@ -76,7 +76,7 @@ def _probe_tree(req):
         with open(manifest_path) as f:
             answer["manifest"] = json.load(f)
     wanted = set(req.get("paths", [])) | set(answer["dirty"])
-    wanted |= set((answer["manifest"] or {}).get("files", {}))
+    wanted |= set((answer["manifest"] or {}).get("files", {})) | set((answer["manifest"] or {}).get("previous", {}))
     answer["states"] = {p: file_state(os.path.join(root, p)) for p in sorted(wanted)}
     return answer
 
@@ -102,9 +102,10 @@ def _remove_empty_parents(root, rel):
 
 
 def prepare(request):
-    """Backups (--force) and deletions, before rsync writes the changed files."""
+    """Backups (--force), deletions and the new manifest, before rsync writes the changed files."""
     for tree in request["trees"]:
         root = os.path.abspath(os.path.expanduser(tree["root"]))
+        _write_manifest(root, tree["manifest"])
         for rel, backup in tree.get("backups", []):
             os.rename(os.path.join(root, rel), os.path.join(root, backup))
         for rel in tree.get("deletes", []):
@@ -130,18 +131,15 @@ def checkout(request):
     return {"ok": True}
 
 
-def record(request):
-    """Write each tree's sync manifest into its git directory (never the work tree), atomically."""
-    for tree in request["trees"]:
-        root = os.path.abspath(os.path.expanduser(tree["root"]))
-        manifest_path = os.path.join(_git_dir(root), MANIFEST_NAME)
-        with open(manifest_path + ".tmp", "w") as f:
-            json.dump(tree["manifest"], f, indent=1, sort_keys=True)
-        os.replace(manifest_path + ".tmp", manifest_path)
-    return {"ok": True}
+def _write_manifest(root, manifest):
+    """The sync manifest lives in the git directory (never the work tree); written atomically."""
+    manifest_path = os.path.join(_git_dir(root), MANIFEST_NAME)
+    with open(manifest_path + ".tmp", "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    os.replace(manifest_path + ".tmp", manifest_path)
 
 
-COMMANDS = {"probe": probe, "prepare": prepare, "checkout": checkout, "record": record}
+COMMANDS = {"probe": probe, "prepare": prepare, "checkout": checkout}
 
 
 def main():

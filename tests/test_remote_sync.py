@@ -178,3 +178,26 @@ def test_paths_with_spaces_and_quotes(tmp_path, sshd, monkeypatch):  # noqa: F81
     assert trees.sync() == 0, trees.err
     assert (trees.r_bridge / odd).read_text() == "odd name, changed\n"
     assert not list(tmp_path.rglob("pwned"))
+
+
+def test_a_sync_interrupted_before_rsync_is_not_a_conflict_next_time(trees, monkeypatch):
+    """The manifest is written before rsync; if rsync never ran, the next sync writes again without --force."""
+    import env.sync
+
+    assert trees.sync() == 0
+    write(trees.bridge / "src/megatron/bridge/models/provider.py", "first attempt\n")
+
+    def rsync_dies(*args, **kwargs):
+        raise env.sync.TransferFailed("rsync to host failed (12): connection unexpectedly closed")
+
+    monkeypatch.setattr(env.sync, "rsync_files", rsync_dies)
+    assert trees.sync() == 3  # Blocked, one line
+    assert trees.err == "error: rsync to host failed (12): connection unexpectedly closed\n"
+    monkeypatch.undo()
+    monkeypatch.setenv("BRIDGE_REPO", str(trees.bridge))
+    monkeypatch.setenv("VERL_REPO", str(trees.verl))
+    monkeypatch.setenv("LOG_DIR", str(trees.log_dir))
+    assert (trees.r_bridge / "src/megatron/bridge/models/provider.py").read_text().startswith("class Provider")
+    write(trees.bridge / "src/megatron/bridge/models/provider.py", "second attempt\n")
+    assert trees.sync() == 0, trees.err
+    assert (trees.r_bridge / "src/megatron/bridge/models/provider.py").read_text() == "second attempt\n"
