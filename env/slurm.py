@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -305,9 +305,6 @@ def plan(opts: SlurmOptions, environ: dict[str, str] | None = None, config: Any 
     task_line = _absolutize(opts.task_line, path_flags, notes)
     cfg = config_section(config)
     settings = task_settings(task_line, environ, cfg)
-    if opts.image is not None:
-        settings = resolve({**{k: v for k, v in settings.values.items() if settings.source(k) == "flag"},
-                            "verl_image": opts.image}, environ, cfg)
     log_dir = Path(settings.log_dir)
     if node_local(log_dir):
         what = (f"LOG_DIR {log_dir} is node-local: logs there can vanish when the allocation ends; put it on a "
@@ -347,7 +344,7 @@ def plan(opts: SlurmOptions, environ: dict[str, str] | None = None, config: Any 
         notes.append("no container (--no-container): the task runs on the node with this project's Python "
                      f"({sys.executable})")
     else:
-        image = settings.verl_image
+        image = opts.image or settings.verl_image
         if not image:
             raise UsageError("no container image: set VERL_IMAGE or --image (a vLLM-flavoured verlai/verl tag)")
         warnings += check_image(image)
@@ -359,7 +356,8 @@ def plan(opts: SlurmOptions, environ: dict[str, str] | None = None, config: Any 
                           f"--container-workdir={PROJECT}",
                           "--container-writable"]  # modelopt may be pip-installed in the step
         # nox may be missing from the image: install it into the image's Python, inside this same step
-        setup.append("python3 -m nox --version >/dev/null 2>&1 || python3 -m pip install -q nox")
+        setup.append("python3 -m nox --version >/dev/null 2>&1 || python3 -m pip install -q nox || "
+                     f"{{ echo '{TOOL_PREFIX} cannot install nox in the image (setup, not a verdict)'; exit 3; }}")
         inner = ["python3", "-m", "nox", "-s", "verl", "--", *task_line]
     return SlurmPlan(task_line=task_line, container=not opts.no_container, image=image,
                      image_source=None if opts.no_container else ("flag" if opts.image else
@@ -374,7 +372,7 @@ def _say(msg: str, err: bool = False) -> None:
     print(f"{TOOL_PREFIX} {msg}", file=sys.stderr if err else sys.stdout, flush=True)
 
 
-def print_plan(p: SlurmPlan, detach: bool) -> None:
+def print_plan(p: SlurmPlan) -> None:
     for w in p.warnings:
         _say(f"warning: {w}", err=True)
     for n in p.notes:
@@ -479,7 +477,7 @@ def submit(p: SlurmPlan) -> int:
 
 def slurm_command(opts: SlurmOptions, config: Any = None) -> int:
     p = plan(opts, config=config)
-    print_plan(p, opts.detach)
+    print_plan(p)
     if opts.dry_run:
         print("# the step (srun):")
         print(" \\\n  ".join(shlex.quote(a) for a in p.srun_argv()[:-1]) + " \\\n  " + shlex.quote(p.step_script()))
@@ -491,9 +489,3 @@ def slurm_command(opts: SlurmOptions, config: Any = None) -> int:
         return 0
     return submit(p) if opts.detach else run_attached(p)
 
-
-def plan_as_json(p: SlurmPlan) -> dict:
-    out = asdict(p)
-    out["log_dir"], out["workdir"] = str(p.log_dir), str(p.workdir)
-    out["srun_argv"] = p.srun_argv()
-    return out
