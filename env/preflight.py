@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from data.gsm8k import validate_parquet
+from data.models import check_download_model
 from env import presets
 from env.gpus import detect_gpus
 from env.pythonpath import ImportProbe, ProbeError, is_under, probe_imports
@@ -322,6 +323,7 @@ CHECKS: list[CheckFn] = [
     check_modelopt,
     check_data,
     check_model,
+    check_download_model,
     check_reward_model,
     check_gpus,
     check_nsys,
