@@ -142,8 +142,15 @@ def save_resume(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcom
     key_lines = [line for _, v in judged for line in v.key_lines]
     limitations = [x for _, v in judged for x in v.limitations]
 
+    # both runs completed cleanly: a missing save/resume fact fails the variant, not the backend run
+    runs_ok = set(runs) == {"A", "B"} and all(v.result == "Pass" for _, v in judged)
+
     def outcome(status: str, detail: str, category: str, follow: list[str] | None = None) -> LevelOutcome:
-        return LevelOutcome(status, detail, status, detail, category, key_lines, limitations, follow or [],
+        run_status, run_detail = status, detail
+        if runs_ok and status == "Fail":
+            run_status = "Pass"
+            run_detail = f"run A: {describe_verdict(runs['A'][1])}; run B: {describe_verdict(runs['B'][1])}"
+        return LevelOutcome(run_status, run_detail, status, detail, category, key_lines, limitations, follow or [],
                             facts={"checkpoint_dir": series,
                                    "checkpoints": {e["name"]: e.get("checkpoints") for e, _ in judged}})
 

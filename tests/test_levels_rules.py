@@ -53,7 +53,7 @@ def test_level1_passes_only_with_save_resume_step2_and_second_save():
 def test_level1_resume_from_a_stale_directory_of_another_series_fails():
     stale = "/verl/checkpoints/verl-test/qwen2.5-0.5b-megatron-gsm8k-minimal/global_step_1"
     out = level1(good_a(), good_b(resumed_from=stale))
-    assert out.variant_status == "Fail" and out.category == "checkpoint"
+    assert out.variant_status == "Fail" and out.category == "checkpoint" and out.run_status == "Pass"
     assert stale in out.variant_detail and "not from run A's checkpoint" in out.variant_detail
 
 
