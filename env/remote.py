@@ -84,9 +84,19 @@ class RemoteHost:
         config = fabric.Config(runtime_ssh_path=str(ssh_config)) if ssh_config else fabric.Config()
         self.conn = fabric.Connection(self.spec.host, user=self.spec.user, port=self.spec.port, config=config,
                                       connect_timeout=connect_timeout)
+        self._load_known_hosts()
         self.python = remote_python or "python3"
         self.bytes_sent = 0
         self._helper_source = _helper_bootstrap()
+
+    def _load_known_hosts(self) -> None:
+        """Fabric auto-adds unknown host keys; with ssh's known_hosts loaded, a *changed* key is still refused."""
+        client = self.conn.client
+        with contextlib.suppress(OSError):
+            client.load_system_host_keys()
+        for path in str(self.conn.ssh_config.get("userknownhostsfile", "")).split():
+            with contextlib.suppress(OSError):
+                client.load_system_host_keys(os.path.expanduser(path))
 
     @property
     def display(self) -> str:

@@ -170,3 +170,18 @@ def test_invoke_cli_end_to_end_runs_a_real_task_of_this_project(tmp_path, sshd):
     assert remote.returncode == local.returncode, remote.stderr.decode()[-2000:]
     assert (remote_root / "verl-bridge-e2e/env/remote.py").exists()
     assert local.stdout.decode().strip().splitlines()[-1] in remote.stdout.decode()
+
+
+def test_a_changed_host_key_is_refused(trees, tmp_path):
+    """Known hosts from the ssh config are loaded: a host presenting another key is not connected to."""
+    other_key = tmp_path / "other_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    kind, key = Path(f"{other_key}.pub").read_text().split()[:2]
+    known_hosts = tmp_path / "known_hosts_wrong"
+    known_hosts.write_text(f"[127.0.0.1]:{trees.sshd.port} {kind} {key}\n")
+    config = tmp_path / "ssh_config_wrong"
+    config.write_text(trees.sshd.ssh_config.read_text().replace(
+        f"UserKnownHostsFile {trees.sshd.ssh_config.parent / 'known_hosts'}", f"UserKnownHostsFile {known_hosts}"))
+    trees.sshd = type(trees.sshd)(trees.sshd.port, config, trees.sshd.process, trees.sshd.log)
+    assert trees.sync() == 3
+    assert "BadHostKeyException" in trees.err and not trees.remote_root.exists()
