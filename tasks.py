@@ -230,3 +230,66 @@ def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_
                  allow_missing=allow_missing, no_reward_model=no_reward_model, enforce_eager=enforce_eager,
                  dummy_config=dummy_config)
     return plan_command(c, flags, base=base, run=run, keep_going=keep_going, as_json=json, dry_run=dry_run)
+
+
+@task(
+    help={
+        "local_dataset_path": "local copy of openai/gsm8k (GSM8K_SOURCE_DIR); used only if it exists, else the hub",
+        "out": "output folder for train.parquet / test.parquet (GSM8K_DIR, default ~/data/gsm8k)",
+        "verl_repo": "verl checkout whose examples/data_preprocess/gsm8k.py runs (VERL_REPO)",
+        "python": "Python that runs verl's script (VERL_PYTHON; default python3)",
+        "dry_run": "print the command, run nothing",
+    }
+)
+@one_line_errors
+def prep_data(c, local_dataset_path=None, out=None, verl_repo=None, python=None, dry_run=False):
+    """GSM8K parquet via verl's own preprocessing script, validated with pyarrow; does nothing when valid files exist."""
+    from data.gsm8k import prep_data_command
+
+    return prep_data_command(c, dict(gsm8k_source=local_dataset_path, gsm8k_dir=out, verl_repo=verl_repo,
+                                     python=python), dry_run=dry_run)
+
+
+@task(
+    help={
+        "model": "HF repo ORG/NAME (default MODEL_ID; with --reward-model the wrapper's reward model)",
+        "scratch": "scratch root (SCRATCH_DIR): the model goes to DIR/ORG/NAME, HF_HOME to DIR/.hf_home",
+        "revision": "branch, tag or commit (default: main)",
+        "local_dir": "exact target folder instead of DIR/ORG/NAME",
+        "reward_model": "download the reward model (prints RM_MODEL_PATH=...)",
+        "hf_home": "HF_HOME to use (HF_HUB_CACHE = HF_HOME/hub)",
+        "dry_run": "print where it would go, download nothing",
+    }
+)
+@one_line_errors
+def download_model(c, model=None, scratch=None, revision=None, local_dir=None, reward_model=False, hf_home=None,
+                   dry_run=False):
+    """Snapshot a Hugging Face model to scratch (idempotent) and print MODEL_PATH=... (exit 2 unknown repo, 1 other)."""
+    import os
+
+    from data.models import download_command
+    from env.settings import config_section, resolve
+
+    settings = resolve(dict(scratch=scratch, hf_home=hf_home), os.environ, config_section(c.config))
+    return download_command(settings, model, reward_model, revision, local_dir, dry_run)
+
+
+@task(
+    help={
+        "python": "Python to install into (VERL_PYTHON; default python3: the image's own)",
+        "index_url": "extra package index serving nvidia-modelopt (MODELOPT_INDEX_URL, default NVIDIA's)",
+        "log_dir": "where the container-setup record goes (LOG_DIR)",
+        "dry_run": "print the pip commands, run nothing",
+    }
+)
+@one_line_errors
+def install_modelopt(c, python=None, index_url=None, log_dir=None, dry_run=False):
+    """`pip show nvidia-modelopt`, else install it from the extra index; recorded as container-setup evidence."""
+    import os
+
+    from env.modelopt import install_command
+    from env.settings import config_section, resolve
+
+    settings = resolve(dict(python=python, modelopt_index_url=index_url, log_dir=log_dir), os.environ,
+                       config_section(c.config))
+    return install_command(settings, dry_run=dry_run)

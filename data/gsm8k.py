@@ -48,3 +48,92 @@ def validate_parquet(path: Path | str) -> list[str]:
                 if f not in present:
                     problems.append(f"{path}: column '{column}' lacks field '{f}'")
     return problems
+
+
+# --- prep-data: verl's own preprocessing script, then the validation above ---------------------------------------
+
+PREPROCESS_SCRIPT = "examples/data_preprocess/gsm8k.py"
+SPLITS = ("train.parquet", "test.parquet")
+
+
+def row_count(path: Path) -> int:
+    return pq.ParquetFile(path).metadata.num_rows
+
+
+def prep_argv(python: str, out_dir: Path, local_dataset_path: Path | None) -> list[str]:
+    """verl's flags: --local_save_dir always; --local_dataset_path only for a copy that exists (else the hub)."""
+    argv = [python, PREPROCESS_SCRIPT, "--local_save_dir", str(out_dir)]
+    if local_dataset_path is not None and Path(local_dataset_path).exists():
+        argv += ["--local_dataset_path", str(local_dataset_path)]
+    return argv
+
+
+def prep_data(verl_repo: Path, out_dir: Path, local_dataset_path: Path | None, python: str,
+              environ: dict[str, str], dry_run: bool = False, echo=print) -> int:
+    """Write and validate GSM8K parquet; 0 when valid files are there (before or after), 1 otherwise."""
+    import os
+    import shlex
+    import subprocess
+
+    files = [out_dir / name for name in SPLITS]
+    before = {f: validate_parquet(f) for f in files}
+    if not any(before.values()):
+        counts = ", ".join(f"{f.name} {row_count(f)} rows" for f in files)
+        echo(f"valid GSM8K parquet already in {out_dir} ({counts}): nothing to do")
+        return 0
+    for problems in before.values():
+        for p in problems:
+            if not p.endswith(": missing"):
+                echo(f"regenerating: {p}")
+    script = Path(verl_repo) / PREPROCESS_SCRIPT
+    if not script.is_file():
+        echo(f"error: {script} not found (is VERL_REPO a verl checkout?)")
+        return 1
+    argv = prep_argv(python, out_dir, local_dataset_path)
+    if local_dataset_path is not None and "--local_dataset_path" not in argv:
+        echo(f"{local_dataset_path} does not exist: verl's script downloads openai/gsm8k from the hub instead")
+    # verl's script imports verl (hdfs_io): the checkout must be importable
+    old = environ.get("PYTHONPATH")
+    env = dict(environ, PYTHONPATH=os.pathsep.join([str(verl_repo)] + ([old] if old else [])))
+    echo(f"{'dry-run: ' if dry_run else ''}cd {shlex.quote(str(verl_repo))} && PYTHONPATH={shlex.quote(env['PYTHONPATH'])} "
+         f"{shlex.join(argv)}")
+    if dry_run:
+        return 0
+    try:
+        proc = subprocess.run(argv, cwd=verl_repo, env=env, capture_output=True, text=True)
+    except FileNotFoundError:
+        echo(f"error: Python {python!r} not found (set VERL_PYTHON / --python)")
+        return 1
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()] or ["no output"]
+        echo(f"error: {PREPROCESS_SCRIPT} failed (exit {proc.returncode}): {lines[-1]}")
+        return 1
+    problems = [p for f in files for p in validate_parquet(f)]
+    if problems:
+        echo(f"error: {PREPROCESS_SCRIPT} wrote invalid parquet: {'; '.join(problems)}")
+        return 1
+    counts = ", ".join(f"{f.name} {row_count(f)} rows" for f in files)
+    echo(f"wrote {out_dir} ({counts})")
+    print(f"TRAIN_FILES={files[0]}\nVAL_FILES={files[1]}", flush=True)
+    return 0
+
+
+def prep_data_command(c, flags: dict, dry_run: bool = False) -> int:
+    """Body of `invoke prep-data` (settings: GSM8K_DIR, GSM8K_SOURCE_DIR, VERL_REPO, VERL_PYTHON)."""
+    import os
+    import sys
+
+    from env.settings import UsageError, config_section, resolve
+
+    settings = resolve(flags, os.environ, config_section(getattr(c, "config", None)))
+    if settings.verl_repo is None:
+        raise UsageError("VERL_REPO is not set (--verl-repo or VERL_REPO): prep-data runs verl's own script")
+    if not Path(settings.verl_repo).is_dir():
+        raise UsageError(f"VERL_REPO {settings.verl_repo} does not exist")
+
+    def say(msg: str) -> None:
+        stream = sys.stderr if msg.startswith("error: ") else sys.stdout
+        print(msg if msg.startswith("error: ") else f"[prep-data] {msg}", file=stream, flush=True)
+
+    return prep_data(Path(settings.verl_repo), Path(settings.gsm8k_dir), settings.gsm8k_source,
+                     str(settings.python or "python3"), dict(os.environ), dry_run, say)

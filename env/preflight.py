@@ -17,6 +17,7 @@ from data.gsm8k import validate_parquet
 from data.models import check_download_model
 from env import presets
 from env.gpus import detect_gpus
+from env.modelopt import check_container_setup
 from env.pythonpath import ImportProbe, ProbeError, is_under, probe_imports
 from env.ray_probe import check_ray_worker
 from env.repos import MEGATRON_LM, RepoState
@@ -321,6 +322,7 @@ CHECKS: list[CheckFn] = [
     check_imports,
     check_ray_worker,
     check_modelopt,
+    check_container_setup,
     check_data,
     check_model,
     check_download_model,

@@ -1,0 +1,136 @@
+"""`invoke install-modelopt` with real pip, into a fresh venv, from a local PEP 503 index (`python -m http.server`)
+holding a small `nvidia-modelopt` wheel built here."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from env.modelopt import check_container_setup
+from env.settings import resolve
+from sessions.level import LevelOptions, build_context
+
+VERSION = "0.0.1"
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build_wheel(folder: Path) -> Path:
+    """A valid pure-Python wheel named nvidia-modelopt that provides `modelopt`."""
+    dist = f"nvidia_modelopt-{VERSION}.dist-info"
+    files = {
+        "modelopt/__init__.py": f'__version__ = "{VERSION}"\n'.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: nvidia-modelopt\nVersion: {VERSION}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: verl-bridge-e2e-tests\nRoot-Is-Purelib: true\n"
+                         b"Tag: py3-none-any\n",
+    }
+    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
+    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
+    wheel = folder / f"nvidia_modelopt-{VERSION}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return wheel
+
+
+@pytest.fixture
+def package_index(tmp_path):
+    """root/simple/nvidia-modelopt/ lists the wheel; root/empty/ is an index that has nothing."""
+    root = tmp_path / "index"
+    (root / "packages").mkdir(parents=True)
+    wheel = build_wheel(root / "packages")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    project = root / "simple" / "nvidia-modelopt"
+    project.mkdir(parents=True)
+    (root / "simple" / "index.html").write_text('<a href="nvidia-modelopt/">nvidia-modelopt</a>\n')
+    (project / "index.html").write_text(f'<a href="../../packages/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
+    (root / "empty").mkdir()
+    (root / "empty" / "index.html").write_text("")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port}"
+    server.terminate()
+    server.wait(10)
+
+
+@pytest.fixture
+def fresh_python(tmp_path) -> str:
+    venv = tmp_path / "image-python"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    return str(venv / "bin" / "python")
+
+
+def test_install_once_then_nothing_to_do(workspace, package_index, fresh_python):
+    # only our index: no PyPI, no find-links, no cache from earlier runs
+    pip_env = {"PIP_INDEX_URL": f"{package_index}/empty/", "PIP_NO_CACHE_DIR": "1",
+               "VERL_PYTHON": fresh_python, "PYTHONPATH": ""}
+    for k in [k for k in workspace.env if k.startswith("PIP_")]:
+        del workspace.env[k]
+
+    def modelopt_version():
+        proc = subprocess.run([fresh_python, "-c", "import modelopt; print(modelopt.__version__)"],
+                              capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    dry = workspace.invoke("install-modelopt", "--dry-run", env=dict(pip_env, MODELOPT_INDEX_URL="https://x.test/"))
+    assert dry.returncode == 0 and "--extra-index-url https://x.test/ nvidia-modelopt" in dry.stdout
+    assert modelopt_version() is None
+
+    # the index does not have it: one line, pip's reason, exit 1, nothing recorded
+    missing = workspace.invoke("install-modelopt", env=dict(pip_env, MODELOPT_INDEX_URL=f"{package_index}/empty/"))
+    errors = [ln for ln in missing.stderr.splitlines() if ln.startswith("error: ")]
+    assert missing.returncode == 1 and len(errors) == 1, missing.stderr
+    assert "No matching distribution found for nvidia-modelopt" in errors[0]
+    assert not (workspace.log_dir / "container_setup").exists()
+
+    env = dict(pip_env, MODELOPT_INDEX_URL=f"{package_index}/simple/")
+    first = workspace.invoke("install-modelopt", env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"installed nvidia-modelopt {VERSION} into {fresh_python}" in first.stdout
+    assert modelopt_version() == VERSION
+
+    second = workspace.invoke("install-modelopt", env=env)
+    assert second.returncode == 0 and "already installed" in second.stdout and "nothing to do" in second.stdout
+
+    records = sorted((workspace.log_dir / "container_setup").glob("*.json"))
+    actions = [json.loads(p.read_text()) for p in records]
+    assert sorted(a["action"] for a in actions) == ["installed", "present"]
+    assert all(a["python"] == fresh_python and a["index_url"] == f"{package_index}/simple/" for a in actions)
+
+    # a level in that Python quotes the newest record as container-setup evidence
+    settings = resolve({"python": fresh_python}, workspace.env)
+    ctx = build_context(LevelOptions(0), settings, probe=False)
+    [check] = list(check_container_setup(ctx))
+    assert check.status == "ok" and VERSION in check.detail
+    assert ctx.evidence["container_setup"][0]["action"] == "present"
+    assert any("not a repo change" in n for n in ctx.notes)
+
+
+def test_python_without_pip_is_one_line(workspace, tmp_path):
+    venv = tmp_path / "nopip"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    proc = workspace.invoke("install-modelopt", env={"VERL_PYTHON": str(venv / "bin" / "python"),
+                                                     "PYTHONPATH": os.devnull})
+    assert proc.returncode == 1 and proc.stderr.strip().startswith("error: ") and "has no pip" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
