@@ -3,82 +3,28 @@ holding a small `nvidia-modelopt` wheel built here."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
-import socket
 import subprocess
-import sys
-import time
-import zipfile
-from pathlib import Path
 
 import pytest
 
 from env.modelopt import check_container_setup
 from env.settings import resolve
 from sessions.level import LevelOptions, build_context
-
-VERSION = "0.0.1"
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def build_wheel(folder: Path) -> Path:
-    """A valid pure-Python wheel named nvidia-modelopt that provides `modelopt`."""
-    dist = f"nvidia_modelopt-{VERSION}.dist-info"
-    files = {
-        "modelopt/__init__.py": f'__version__ = "{VERSION}"\n'.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: nvidia-modelopt\nVersion: {VERSION}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: verl-bridge-e2e-tests\nRoot-Is-Purelib: true\n"
-                         b"Tag: py3-none-any\n",
-    }
-    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
-    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
-    wheel = folder / f"nvidia_modelopt-{VERSION}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        for name, data in files.items():
-            z.writestr(name, data)
-    return wheel
+from tests import local_index
+from tests.local_index import VERSION
 
 
 @pytest.fixture
 def package_index(tmp_path):
-    """root/simple/nvidia-modelopt/ lists the wheel; root/empty/ is an index that has nothing."""
-    root = tmp_path / "index"
-    (root / "packages").mkdir(parents=True)
-    wheel = build_wheel(root / "packages")
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    project = root / "simple" / "nvidia-modelopt"
-    project.mkdir(parents=True)
-    (root / "simple" / "index.html").write_text('<a href="nvidia-modelopt/">nvidia-modelopt</a>\n')
-    (project / "index.html").write_text(f'<a href="../../packages/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
-    (root / "empty").mkdir()
-    (root / "empty" / "index.html").write_text("")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                               "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.terminate()
-    server.wait(10)
+    with local_index.package_index(tmp_path / "index") as url:
+        yield url
 
 
 @pytest.fixture
 def fresh_python(tmp_path) -> str:
-    venv = tmp_path / "image-python"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-    return str(venv / "bin" / "python")
+    return local_index.fresh_venv(tmp_path / "image-python")
 
 
 def test_install_once_then_nothing_to_do(workspace, package_index, fresh_python):
@@ -128,9 +74,8 @@ def test_install_once_then_nothing_to_do(workspace, package_index, fresh_python)
 
 
 def test_python_without_pip_is_one_line(workspace, tmp_path):
-    venv = tmp_path / "nopip"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    proc = workspace.invoke("install-modelopt", env={"VERL_PYTHON": str(venv / "bin" / "python"),
+    python = local_index.fresh_venv(tmp_path / "nopip", with_pip=False)
+    proc = workspace.invoke("install-modelopt", env={"VERL_PYTHON": python,
                                                      "PYTHONPATH": os.devnull})
     assert proc.returncode == 1 and proc.stderr.strip().startswith("error: ") and "has no pip" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
