@@ -377,6 +377,15 @@ def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions
                             opts.allow_missing, run_dir, ctx.environ)
 
 
+def _ray_stop(ctx: RunContext, settings: Resolved, run: PlannedRun, log: Any) -> None:
+    """`ray stop --force` on this host, never when attaching to someone's cluster (--ray-address)."""
+    if not settings.ray_address and shutil.which("ray", path=run.env.get("PATH")):
+        stop = subprocess.run(["ray", "stop", "--force"], cwd=ctx.verl.path, env=run.env, capture_output=True,
+                              timeout=120)
+        log.write(f"{TOOL_PREFIX} ray stop --force: exit {stop.returncode}\n".encode())
+        log.flush()
+
+
 def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], run_dir: Path, record: dict) -> None:
     secrets = secret_values(ctx.environ)
     stall = settings.stall_timeout * 60 if settings.stall_timeout else None
@@ -389,16 +398,15 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
         with open(log_path, "ab") as log:
             header = f"{TOOL_PREFIX} level {record['level']} run {run.name}: {entry['command']}\n"
             log.write(header.encode())
-            if not settings.ray_address and shutil.which("ray", path=run.env.get("PATH")):
-                stop = subprocess.run(["ray", "stop", "--force"], cwd=ctx.verl.path, env=run.env,
-                                      capture_output=True, timeout=120)
-                log.write(f"{TOOL_PREFIX} ray stop --force: exit {stop.returncode}\n".encode())
-            log.flush()
+            _ray_stop(ctx, settings, run, log)
             result = run_logged(run.argv, cwd=Path(ctx.verl.path), env=run.env, log=log, log_path=log_path,
                                 stall_timeout=stall, secrets=secrets)
             log.write(f"\n{TOOL_PREFIX} wrapper exit code {result.exit_code}"
                       f"{f', {result.termination}' if result.termination else ''} after {result.duration_s:.1f}s\n"
                       .encode())
+            if result.termination:
+                # Ray's daemons run in sessions of their own: stopping the wrapper's group does not reach them
+                _ray_stop(ctx, settings, run, log)
         entry.update(exit_code=result.exit_code, termination=result.termination, duration_s=result.duration_s,
                      signal=result.signal_name)
         if record.get("checkpoint_dir"):  # what this run left in the series' directory (kept after cleanup)
@@ -507,6 +515,8 @@ def summarize_run_dir(run_dir: Path) -> dict:
         follow_ups.append(f"Bridge-side checks {bc['status']}: {bc['detail']}")
     elif bc["status"] == "Skipped" and not blocked:
         follow_ups.append("run the Bridge-side checks: nox -s bridge_unit")
+    image = record.get("evidence", {}).get("container_image")
+    image = f" in container image {image}" if image else ""  # the procedure: keep the exact tag in the report
     commands = [e["command"] for e in record["runs"]] or ["verl not started (see command.sh for the planned command)"]
     model = record["model"]
     mp = record["settings"].get("model_path")
@@ -523,7 +533,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
         "evidence": {
             "bridge_repo": f"{record['bridge']['path']} @ " + _describe(record["bridge"]),
             "verl_repo": f"{record['verl']['path']} @ " + _describe(record["verl"]),
-            "command": " ; ".join(commands) + f" (replay: {run_dir / 'command.sh'})",
+            "command": " ; ".join(commands) + f" (replay: {run_dir / 'command.sh'})" + image,
             "key_lines": " | ".join(outcome.key_lines) or "none (verl not started)",
         },
         "limitations": list(dict.fromkeys(limitations)),
