@@ -122,6 +122,14 @@ def junit_counts(junit: Path) -> dict[str, int]:
     return {"passed": passed, "failed": totals["failures"], "errors": totals["errors"], "skipped": totals["skipped"]}
 
 
+def uv_error(stderr: str, limit: int = 400) -> str:
+    """uv's message from its first `error:` line on (the cause chain), as one line."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("error:")), max(len(lines) - 3, 0))
+    text = " | ".join(lines[start:]) or "no output"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _last_lines(text: str, n: int = 3) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return " | ".join(lines[-n:]) if lines else "no output"
@@ -167,7 +175,7 @@ def run_bridge_unit(bridge_repo: Path, log_dir: Path, extra: Sequence[str] = (),
     sync = subprocess.run([uv, "sync"], cwd=bridge_repo, capture_output=True, text=True)
     sys.stdout.write(sync.stdout + sync.stderr)
     if sync.returncode != 0:
-        return finish("Blocked", f"`uv sync` failed (exit {sync.returncode}): {_last_lines(sync.stderr)}", state)
+        return finish("Blocked", f"`uv sync` failed (exit {sync.returncode}): {uv_error(sync.stderr)}", state)
     # uv sync may write uv.lock: record the state the tests actually ran on
     state = bridge_state(bridge_repo)
 

@@ -1,0 +1,235 @@
+"""`nox -s bridge_unit` with the real nox and the real uv against the fixture Bridge checkout, and the level's use
+of its records (matching state reused; other commit or dirty state ignored; run by the level when none matches)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import git
+import pytest
+
+from env.repos import bridge_state
+from sessions.bridge_checks import find_record, records_dir
+from sessions.bridge_unit import check_paths, closest_tests, junit_counts
+from tests.conftest import PROJECT
+
+MIXIN = "tests/unit_tests/models/test_model_provider_mixin.py"
+MAPPING = "tests/unit_tests/models/test_param_mapping.py"
+INTEGRATION = "tests/unit_tests/training/test_integration.py"
+
+
+def nox_bridge_unit(workspace, *posargs: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nox", "-f", str(PROJECT / "noxfile.py"), "-s", "bridge_unit", "--", *posargs],
+        cwd=PROJECT, env={**workspace.env, **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+def record_for(workspace) -> dict:
+    record = find_record(workspace.log_dir, bridge_state(workspace.bridge))
+    assert record is not None, list(records_dir(workspace.log_dir).glob("*"))
+    return record
+
+
+def commit(workspace, message: str) -> None:
+    repo = git.Repo(workspace.bridge)
+    repo.git.add("-A")
+    repo.index.commit(message)
+
+
+def break_test(workspace) -> None:
+    path = workspace.bridge / MAPPING
+    path.write_text(path.read_text() + "\n\ndef test_mapping_regression():\n    assert {'a': 1} == {'a': 2}\n")
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def deliverable(summary: dict, name: str) -> dict:
+    return next(d for d in summary["deliverables"] if d["name"] == name)
+
+
+# --- the session -------------------------------------------------------------------------------------------------
+
+def test_passing_run_is_recorded_and_leaves_the_checkout_as_it_was(workspace):
+    extra = "tests/unit_tests/models/qwen/test_qwen3_provider.py"
+    (workspace.bridge / extra).parent.mkdir()
+    (workspace.bridge / extra).write_text("def test_qwen3():\n    assert 2 + 2 == 4\n")
+    commit(workspace, "qwen3 provider test")
+    before = bridge_state(workspace.bridge)
+
+    proc = nox_bridge_unit(workspace, extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 passed" in proc.stdout
+    after = bridge_state(workspace.bridge)
+    assert after.fingerprint == before.fingerprint and after.dirty == []  # .venv ignored, uv.lock committed
+    assert (workspace.bridge / ".venv").is_dir()  # uv made the Bridge's own environment
+
+    record = record_for(workspace)
+    assert record["result"] == "Pass"
+    assert record["counts"] == {"passed": 4, "failed": 0, "errors": 0, "skipped": 0}
+    assert record["missing_paths"] == [] and record["paths"][-1] == extra
+    assert "uv run python -m pytest -q --junitxml=" in record["command"] and record["command"].endswith(extra)
+    assert Path(record["junit"]).is_file() and record["duration_s"] > 0
+    assert record["bridge"]["head"] == before.head
+
+
+def test_failing_test_is_fail_with_counts(workspace):
+    clean = bridge_state(workspace.bridge)
+    break_test(workspace)
+    proc = nox_bridge_unit(workspace)
+    assert proc.returncode != 0
+    assert "Bridge-side checks Fail: tests failed (pytest exit 1): 3 passed, 1 failed" in proc.stderr + proc.stdout
+    record = record_for(workspace)
+    assert record["result"] == "Fail" and record["counts"]["failed"] == 1 and record["counts"]["passed"] == 3
+    assert f" M {MAPPING}" in record["bridge"]["dirty"]
+    assert record["fingerprint"] != clean.fingerprint
+    assert find_record(workspace.log_dir, clean) is None  # the clean state has no record
+
+
+def test_missing_targeted_path_is_named_with_a_hint(workspace):
+    repo = git.Repo(workspace.bridge)
+    moved = "tests/unit_tests/training/test_training_integration.py"
+    repo.git.mv(INTEGRATION, moved)
+    commit(workspace, "rename integration test")
+
+    proc = nox_bridge_unit(workspace)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert f"missing at {bridge_state(workspace.bridge).head}: {INTEGRATION} (closest existing: {moved}" in out
+    assert "exit 4" not in out and "--allow-missing to run the rest" in out
+    record = record_for(workspace)
+    assert record["result"] == "Blocked" and record["missing_paths"] == [INTEGRATION]
+    assert record["junit"] is None and record["pytest_exit"] is None  # pytest never ran
+
+    proc = nox_bridge_unit(workspace, "--allow-missing")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = record_for(workspace)
+    assert record["result"] == "Pass" and record["missing_paths"] == [INTEGRATION]
+    assert record["counts"]["passed"] == 2 and INTEGRATION not in record["command"]
+
+
+def test_uv_missing_or_uv_sync_failing_is_blocked(workspace):
+    no_uv_path = os.pathsep.join(p for p in workspace.env["PATH"].split(os.pathsep)
+                                 if not (Path(p) / "uv").exists())
+    proc = nox_bridge_unit(workspace, env={"PATH": no_uv_path})
+    assert proc.returncode != 0 and "uv not found on PATH" in proc.stdout + proc.stderr
+    assert record_for(workspace)["result"] == "Blocked"
+
+    pyproject = workspace.bridge / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('dev = ["pytest>=7"]', 'dev = ["pytest>=7",'))
+    proc = nox_bridge_unit(workspace)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "`uv sync` failed (exit 2)" in out
+    record = record_for(workspace)
+    assert record["result"] == "Blocked" and "TOML" in record["detail"]  # uv's own message
+
+
+def test_bad_posarg_and_unset_repo(workspace):
+    proc = nox_bridge_unit(workspace, "--frobnicate")
+    assert proc.returncode != 0 and "error: unknown option '--frobnicate'" in proc.stdout + proc.stderr
+    env = {k: v for k, v in workspace.env.items() if k != "BRIDGE_REPO"}
+    workspace.env = env
+    proc = nox_bridge_unit(workspace)
+    assert proc.returncode != 0 and "error: BRIDGE_REPO is not set" in proc.stdout + proc.stderr
+    assert not records_dir(workspace.log_dir).exists()
+
+
+def test_junit_counts_and_hints(tmp_path):
+    junit = tmp_path / "j.xml"
+    junit.write_text('<testsuites><testsuite tests="5" failures="1" errors="1" skipped="1"/>'
+                     '<testsuite tests="2" failures="0" errors="0" skipped="0"/></testsuites>')
+    assert junit_counts(junit) == {"passed": 4, "failed": 1, "errors": 1, "skipped": 1}
+    candidates = ["tests/unit_tests/models/qwen/test_qwen_provider.py", "tests/unit_tests/models/test_param_mapping.py",
+                  "tests/functional/test_other.py"]
+    assert closest_tests("tests/unit_tests/models/test_qwen_provider.py", candidates)[0] == candidates[0]
+    assert closest_tests("tests/unit_tests/models/test_param_mappings.py", candidates)[0] == candidates[1]
+    present, missing = check_paths(tmp_path, ["a.py::test_x"])
+    assert present == [] and missing[0].path == "a.py::test_x"
+
+
+# --- what a level does with it -----------------------------------------------------------------------------------
+
+def test_level_runs_the_checks_then_reuses_only_a_matching_record(workspace):
+    first = workspace.invoke("level0")
+    assert first.returncode == 0, first.stdout[-3000:]
+    [run1] = workspace.run_dirs()
+    bc = deliverable(summary_of(run1), "Bridge-side checks")
+    assert bc["status"] == "Pass" and "3 passed" in bc["detail"] and str(run1 / "bridge_unit.log") in bc["detail"]
+    assert "3 passed" in (run1 / "bridge_unit.log").read_text()
+    assert "running nox -s bridge_unit" in first.stdout
+
+    # same Bridge state: the record is reused, nothing is run
+    second = workspace.invoke("level0")
+    assert second.returncode == 0
+    run2 = workspace.run_dirs()[-1]
+    assert not (run2 / "bridge_unit.log").exists() and "running nox -s bridge_unit" not in second.stdout
+    assert deliverable(summary_of(run2), "Bridge-side checks")["status"] == "Pass"
+
+    # dirty state: the record of the clean commit is ignored
+    (workspace.bridge / "src/megatron/bridge/providers.py").write_text(
+        (workspace.bridge / "src/megatron/bridge/providers.py").read_text() + "\n# tweak\n")
+    third = workspace.invoke("level0")
+    run3 = workspace.run_dirs()[-1]
+    assert third.returncode == 0 and (run3 / "bridge_unit.log").exists()
+
+    # another commit: ignored as well
+    commit(workspace, "tweak")
+    fourth = workspace.invoke("level0")
+    run4 = workspace.run_dirs()[-1]
+    assert fourth.returncode == 0 and (run4 / "bridge_unit.log").exists()
+    records = sorted(records_dir(workspace.log_dir).glob("*.json"))
+    assert len({json.loads(p.read_text())["fingerprint"] for p in records}) == 3
+
+
+def test_level_failing_bridge_test_stops_before_verl(workspace):
+    break_test(workspace)
+    proc = workspace.invoke("level0")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    [run_dir] = workspace.run_dirs()
+    summary = summary_of(run_dir)
+    assert summary["result"] == "Fail"
+    assert deliverable(summary, "Bridge-side checks")["status"] == "Fail"
+    assert "1 failed" in deliverable(summary, "Bridge-side checks")["detail"]
+    assert deliverable(summary, "verl Megatron backend run")["status"] == "Skipped"
+    assert not (run_dir / "verl.log").exists()
+
+    kept = workspace.invoke("level0", "--keep-going")
+    assert kept.returncode == 1
+    run_dir = workspace.run_dirs()[-1]
+    assert (run_dir / "verl.log").exists() and not (run_dir / "bridge_unit.log").exists()  # same state: reused
+    assert deliverable(summary_of(run_dir), "verl Megatron backend run")["status"] == "Pass"
+
+
+@pytest.mark.parametrize("allow_missing", [False, True])
+def test_level_stale_targeted_path(workspace, allow_missing):
+    git.Repo(workspace.bridge).git.rm(INTEGRATION)
+    commit(workspace, "drop the integration test")
+    args = ["level0", "--allow-missing"] if allow_missing else ["level0"]
+    proc = workspace.invoke(*args)
+    [run_dir] = workspace.run_dirs()
+    summary = summary_of(run_dir)
+    bc = deliverable(summary, "Bridge-side checks")
+    assert INTEGRATION in bc["detail"]
+    if allow_missing:
+        assert proc.returncode == 0 and bc["status"] == "Pass" and "2 passed" in bc["detail"]
+        assert any(INTEGRATION in x and "--allow-missing" in x for x in summary["limitations"])
+    else:
+        assert proc.returncode == 3 and bc["status"] == "Blocked" and summary["result"] == "Blocked"
+        assert deliverable(summary, "verl Megatron backend run")["status"] == "Skipped"
+
+
+def test_level_bridge_tests_are_not_answered_by_a_narrower_record(workspace):
+    extra = "tests/unit_tests/models/test_extra_provider.py"
+    (workspace.bridge / extra).write_text("def test_extra():\n    assert True\n")
+    commit(workspace, "extra test")
+    assert nox_bridge_unit(workspace).returncode == 0  # a record of the targeted tests only
+    proc = workspace.invoke("level0", "--bridge-tests", extra)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    run_dir = workspace.run_dirs()[-1]
+    assert (run_dir / "bridge_unit.log").exists()
+    assert "4 passed" in deliverable(summary_of(run_dir), "Bridge-side checks")["detail"]
