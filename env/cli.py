@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -86,6 +87,9 @@ def one_line_errors(func: Callable[..., Any]) -> Callable[..., Any]:
             code = func(*args, **kwargs)
         except UsageError as e:
             raise Exit(f"error: {e}", code=EXIT_BAD_USAGE) from None
+        except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keep interpreter shutdown from complaining
+            raise Exit(code=EXIT_FAIL) from None
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise Exit(code=130) from None

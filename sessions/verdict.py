@@ -543,7 +543,9 @@ class _Judge:
                 result = "Fail"
                 late_decisive, late_method = self._decisive(late_real)
                 if late_decisive is not None:
-                    _, category, _, hint = self._classify(late_decisive, late_method)
+                    _, category, late_phase, hint = self._classify(late_decisive, late_method)
+                    if category == "checkpoint":  # the final save failed: that phase, not shutdown
+                        phase = late_phase
                     first_error = late_decisive.shown()
                 else:
                     category = "unknown"
