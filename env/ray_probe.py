@@ -142,9 +142,15 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
     if address and probe.cluster_cpus is not None:
         ctx.evidence["ray_cluster_cpus"] = probe.cluster_cpus
     if probe.driver_error:
-        fix_driver = ("check RAY_ADDRESS / --ray-address and that the cluster is up" if address
-                      else f"install ray in {ctx.python} (the Python that runs verl)")
-        category = "env-dependency" if probe.driver_error.startswith("cannot import ray") else "env-ray-import"
+        missing_ray = probe.driver_error.startswith("cannot import ray")
+        if address:
+            fix_driver = "check RAY_ADDRESS / --ray-address and that the cluster is up"
+        elif missing_ray:
+            fix_driver = f"install ray in {ctx.python} (the Python that runs verl)"
+        else:  # ray is there but a local cluster would not start (load, /tmp space, ports)
+            fix_driver = ("check that `ray start --head` works on this host (load, /tmp space, ports), "
+                          "or attach to a running cluster with --ray-address")
+        category = "env-dependency" if missing_ray else "env-ray-import"
         yield Check(name, BLOCKED, f"{where}: {probe.driver_error}", fix_driver, category)
         return
     bridge_src = Path(ctx.bridge.path) / "src"
