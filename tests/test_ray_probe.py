@@ -38,7 +38,8 @@ def ray_head(tmp_path_factory):
     port = _free_port()
     log = open(tmp_path_factory.mktemp("ray") / "head.log", "wb")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
-    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray >= 2.5x turns token auth on for new clusters (token in ~/.ray): the tests' drivers have another HOME
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     proc = subprocess.Popen(
         [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
          "--block"],
@@ -55,7 +56,7 @@ def ray_head(tmp_path_factory):
         pytest.fail("Ray head did not listen within 120 s")
     yield f"127.0.0.1:{port}"
     # only the processes this fixture started: its own process group
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
             proc.wait(wait)
@@ -68,7 +69,7 @@ def ray_head(tmp_path_factory):
 
 
 def _context(workspace, **flags):
-    environ = dict(workspace.env)
+    environ = dict(workspace.env, RAY_AUTH_MODE="disabled")
     settings = resolve({"python": sys.executable, **flags}, environ)
     ctx = build_context(LevelOptions(0), settings, probe=True)
     ctx.environ = environ
@@ -127,7 +128,7 @@ def test_cluster_worker_right_wrong_and_foreign_pythonpath(workspace, ray_head, 
 @pytest.mark.ray
 def test_level0_records_the_workers_bridge(workspace, ray_head):
     proc = workspace.invoke("level0", "--skip-bridge-checks", "--ray-address", ray_head,
-                            env={"VERL_E2E_RAY_PROBE": "1"})
+                            env={"VERL_E2E_RAY_PROBE": "1", "RAY_AUTH_MODE": "disabled"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     [run_dir] = workspace.run_dirs()
     record = json.loads((run_dir / "run.json").read_text())
