@@ -144,7 +144,8 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
     if probe.driver_error:
         missing_ray = probe.driver_error.startswith("cannot import ray")
         if address:
-            fix_driver = "check RAY_ADDRESS / --ray-address and that the cluster is up"
+            fix_driver = ("check RAY_ADDRESS / --ray-address, that the cluster is up and, with Ray token auth, "
+                          "that RAY_AUTH_TOKEN or ~/.ray/auth_token holds its token")
         elif missing_ray:
             fix_driver = f"install ray in {ctx.python} (the Python that runs verl)"
         else:  # ray is there but a local cluster would not start (load, /tmp space, ports)
