@@ -259,7 +259,8 @@ def prep_data(c, local_dataset_path=None, out=None, verl_repo=None, python=None,
         "reward_model": "download the reward model (prints RM_MODEL_PATH=...)",
         "hf_home": "HF_HOME to use (HF_HUB_CACHE = HF_HOME/hub)",
         "dry_run": "print where it would go, download nothing",
-    }
+    },
+    auto_shortflags=False,  # -h would read as --hf-home
 )
 @one_line_errors
 def download_model(c, model=None, scratch=None, revision=None, local_dir=None, reward_model=False, hf_home=None,
