@@ -246,7 +246,7 @@ def _covers(record: dict, paths: list[str], allow_missing: bool) -> bool:
 
 
 def ensure_for_level(log_dir: Path, state: RepoState, skip: bool, extra: Sequence[str], allow_missing: bool,
-                     run_dir: Path, environ: dict[str, str]) -> BridgeChecks:
+                     run_dir: Path, environ: dict[str, str], stall_timeout_s: float | None = None) -> BridgeChecks:
     """The level's Bridge-side checks: the matching record, else `nox -s bridge_unit` run now (log in run_dir)."""
     if skip:
         return not_requested()
@@ -267,7 +267,7 @@ def ensure_for_level(log_dir: Path, state: RepoState, skip: bool, extra: Sequenc
     started = time.time()
     with open(log_path, "ab") as log:
         result = run_logged(argv, cwd=NOXFILE.parent, env=env, log=log, log_path=log_path,
-                            secrets=secret_values(environ))
+                            stall_timeout=stall_timeout_s, secrets=secret_values(environ))
     written = None
     for line in log_path.read_text(errors="replace").splitlines():
         if line.startswith(RECORD_LINE):
@@ -278,6 +278,9 @@ def ensure_for_level(log_dir: Path, state: RepoState, skip: bool, extra: Sequenc
 
         record = dict(json.loads(written.read_text()), path=str(written))
     if record is None or record.get("finished", 0) < started:
+        if result.termination:
+            return BridgeChecks("Blocked", f"nox -s bridge_unit stopped ({result.termination}) before writing a "
+                                           f"record; log: {log_path}")
         tail = _last_lines(log_path.read_text(errors="replace"), 2)
         return BridgeChecks("Blocked", f"nox -s bridge_unit wrote no record (exit {result.exit_code}): {tail}; "
                                        f"log: {log_path}")

@@ -374,7 +374,8 @@ def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions
     from sessions.bridge_unit import ensure_for_level
 
     return ensure_for_level(Path(settings.log_dir), ctx.bridge, opts.skip_bridge_checks, opts.bridge_tests,
-                            opts.allow_missing, run_dir, ctx.environ)
+                            opts.allow_missing, run_dir, ctx.environ,
+                            settings.stall_timeout * 60 if settings.stall_timeout else None)
 
 
 def _ray_stop(ctx: RunContext, settings: Resolved, run: PlannedRun, log: Any) -> None:

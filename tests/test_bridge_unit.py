@@ -233,3 +233,14 @@ def test_level_bridge_tests_are_not_answered_by_a_narrower_record(workspace):
     run_dir = workspace.run_dirs()[-1]
     assert (run_dir / "bridge_unit.log").exists()
     assert "4 passed" in deliverable(summary_of(run_dir), "Bridge-side checks")["detail"]
+
+
+def test_level_stops_hung_bridge_checks(workspace):
+    hang = workspace.bridge / MIXIN
+    hang.write_text("import time\n\n\ndef test_hangs():\n    time.sleep(120)\n")
+    proc = workspace.invoke("level0", env={"STALL_TIMEOUT_MIN": "0.1"}, timeout=120)
+    assert proc.returncode == 3, proc.stdout[-3000:]
+    [run_dir] = workspace.run_dirs()
+    bc = deliverable(summary_of(run_dir), "Bridge-side checks")
+    assert bc["status"] == "Blocked" and "stopped (timeout)" in bc["detail"]
+    assert not (run_dir / "verl.log").exists()
