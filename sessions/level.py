@@ -28,6 +28,7 @@ from sessions import level_rules
 from sessions.bridge_checks import BridgeChecks
 from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
+from sessions.rundir import new_run_dir
 from sessions.verdict import Verdict
 
 RUN_FILE = "run.json"
@@ -251,18 +252,6 @@ def replay_command(verl_repo: str, run: PlannedRun, drop_env: list[str]) -> str:
     return f"cd {shlex.quote(verl_repo)} && env {unset}{assigns} {shlex.join(run.argv)}"
 
 
-def _new_run_dir(log_dir: Path, opts: LevelOptions, model_id: str) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    variant = f"-{opts.variant}" if opts.variant else ""
-    model = re.sub(r"[^\w.\-]+", "_", model_id.split("/")[-1])
-    base = log_dir / f"{stamp}-level{opts.number}{variant}-{model}"
-    path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    path.mkdir(parents=True)
-    return path
-
-
 def _save_run(run_dir: Path, run: dict) -> None:
     tmp = run_dir / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(run, indent=2, default=str))
@@ -323,7 +312,8 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         print(status_table(checks))
         return 0
 
-    run_dir = _new_run_dir(Path(settings.log_dir), opts, settings.model_id)
+    variant = f"-{opts.variant}" if opts.variant else ""
+    run_dir = new_run_dir(Path(settings.log_dir), f"level{number}{variant}", settings.model_id)
     _say(f"run directory: {run_dir}")
     checks = run_checks(ctx)
     if first_blocked(checks) is None:
@@ -427,6 +417,7 @@ def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
             continue
         steps = entry.get("wrapper_env", {}).get("TOTAL_TRAIN_STEPS")
         verdict = judge_log(log, level=record["level"], steps_expected=int(steps) if steps else None,
+                            bridge_src=str(Path(record["bridge"]["path"]) / "src"),
                             exit_code=entry.get("exit_code"), termination=entry.get("termination"))
         out.append((entry, verdict))
     return out

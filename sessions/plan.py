@@ -17,7 +17,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from env.repos import RepoError, open_repo
 from env.settings import UsageError, config_section, resolve
 from sessions.launch import TOOL_PREFIX
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_junit
+from sessions.rundir import new_run_dir
 
 PROJECT = Path(__file__).resolve().parent.parent
 MAX_UNTRACKED_BYTES = 2_000_000  # larger untracked files count by path only
@@ -471,17 +471,6 @@ def run_one(entry: Entry, args: list[str], remainder: list[str], echo) -> LevelR
                        f"invoke level{entry.level} exited {code} without a summary: {last}")
 
 
-def _new_plan_dir(log_dir: Path, model: str) -> Path:
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    name = re.sub(r"[^\w.\-]+", "_", model.split("/")[-1])
-    base = log_dir / f"{stamp}-plan-{name}"
-    path, i = base, 1
-    while path.exists():
-        path, i = Path(f"{base}-{i}"), i + 1
-    path.mkdir(parents=True)
-    return path
-
-
 def _deliverable(results: list[LevelResult], name: str) -> Deliverable:
     parts, statuses = [], []
     per_bridge = name in ("Bridge-side checks", "Local Bridge import in verl")  # one Bridge state for all levels
@@ -583,7 +572,7 @@ def _junit(summary: dict) -> str:
 
 def execute(plan: Plan, passthrough: list[str], remainder: list[str], keep_going: bool, model_for,
             log_dir: Path, plan_cmd: str, echo, default_model: str) -> tuple[dict, Path, list[LevelResult]]:
-    plan_dir = _new_plan_dir(log_dir, model_for(plan.entries[0]) or default_model)
+    plan_dir = new_run_dir(log_dir, "plan", model_for(plan.entries[0]) or default_model)
     echo(f"{TOOL_PREFIX} plan run directory: {plan_dir}")
     results: list[LevelResult] = []
     stop: LevelResult | None = None

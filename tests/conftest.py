@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -39,6 +40,21 @@ class Workspace:
 
     def run_dirs(self) -> list[Path]:
         return sorted(p for p in self.log_dir.glob("*-level*") if p.is_dir())
+
+
+def only_run_dir(ws: Workspace) -> Path:
+    """The one level run directory a test made."""
+    dirs = ws.run_dirs()
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def summary_of(run_dir: Path) -> tuple[str, dict]:
+    return (run_dir / "summary.md").read_text(), json.loads((run_dir / "summary.json").read_text())
+
+
+def deliverable(summary: dict, name: str) -> dict:
+    return next(d for d in summary["deliverables"] if d["name"] == name)
 
 
 @pytest.fixture(scope="session")

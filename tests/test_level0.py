@@ -10,11 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT
+from tests.conftest import PROJECT, deliverable, only_run_dir, summary_of
 
 SUMMARY_SHAPE = [
     r"Result: (Pass|Fail|Blocked) - .+",
@@ -36,20 +35,6 @@ SUMMARY_SHAPE = [
     r"",
     r"Limitations:",
 ]
-
-
-def only_run_dir(ws) -> Path:
-    dirs = ws.run_dirs()
-    assert len(dirs) == 1, dirs
-    return dirs[0]
-
-
-def summary_of(run_dir: Path) -> tuple[str, dict]:
-    return (run_dir / "summary.md").read_text(), json.loads((run_dir / "summary.json").read_text())
-
-
-def deliverable(summary: dict, name: str) -> dict:
-    return next(d for d in summary["deliverables"] if d["name"] == name)
 
 
 def test_pass_writes_the_procedures_summary_and_the_run_directory(workspace):

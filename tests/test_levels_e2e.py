@@ -12,23 +12,10 @@ import pytest
 
 from sessions import level_rules
 from sessions.level_rules import TRACKER_FILE
+from tests.conftest import deliverable, only_run_dir, summary_of
 
 EXP = "qwen2.5-0.5b-megatron-gsm8k-minimal"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def only_run_dir(ws) -> Path:
-    dirs = ws.run_dirs()
-    assert len(dirs) == 1, dirs
-    return dirs[0]
-
-
-def summary_of(run_dir: Path) -> tuple[str, dict]:
-    return (run_dir / "summary.md").read_text(), json.loads((run_dir / "summary.json").read_text())
-
-
-def deliverable(summary: dict, name: str) -> dict:
-    return next(d for d in summary["deliverables"] if d["name"] == name)
 
 
 def with_skip(args: tuple[str, ...]) -> list[str]:

@@ -1,0 +1,18 @@
+"""Run directories: `$LOG_DIR/<utc-time>-<label>-<model>/`, never reused (a suffix when the second collides)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+
+def new_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    model = re.sub(r"[^\w.\-]+", "_", model_id.split("/")[-1])
+    base = Path(log_dir) / f"{stamp}-{label}-{model}"
+    path, i = base, 1
+    while path.exists():
+        path, i = Path(f"{base}-{i}"), i + 1
+    path.mkdir(parents=True)
+    return path
