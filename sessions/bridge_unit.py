@@ -171,8 +171,11 @@ def run_bridge_unit(bridge_repo: Path, log_dir: Path, extra: Sequence[str] = (),
     if uv is None:
         return finish("Blocked", "uv not found on PATH: install uv (pip install uv, or "
                       "https://docs.astral.sh/uv/) — the Bridge's tests run with `uv run`", state)
+    # The Bridge's own environment (its .venv), never one this process happens to run in: nox's uv backend
+    # exports UV_PROJECT_ENVIRONMENT, and `uv sync` would then strip that environment down to the Bridge's deps.
+    uv_env = {k: v for k, v in os.environ.items() if k not in ("UV_PROJECT_ENVIRONMENT", "VIRTUAL_ENV")}
     echo(f"uv sync in {bridge_repo}")
-    sync = subprocess.run([uv, "sync"], cwd=bridge_repo, capture_output=True, text=True)
+    sync = subprocess.run([uv, "sync"], cwd=bridge_repo, capture_output=True, text=True, env=uv_env)
     sys.stdout.write(sync.stdout + sync.stderr)
     if sync.returncode != 0:
         return finish("Blocked", f"`uv sync` failed (exit {sync.returncode}): {uv_error(sync.stderr)}", state)
@@ -188,7 +191,7 @@ def run_bridge_unit(bridge_repo: Path, log_dir: Path, extra: Sequence[str] = (),
     argv = [*pytest_argv, f"--junitxml={junit}", *present]
     record.update(command=f"cd {shlex.quote(str(bridge_repo))} && {shlex.join(argv)}", junit=str(junit))
     echo(f"running: {record['command']}")
-    proc = subprocess.run([uv, *argv[1:]], cwd=bridge_repo)
+    proc = subprocess.run([uv, *argv[1:]], cwd=bridge_repo, env=uv_env)
     record["pytest_exit"] = proc.returncode
     if junit.is_file():
         try:
