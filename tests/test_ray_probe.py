@@ -33,39 +33,76 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class RayHead:
+    """A one-CPU head node of our own (`ray start --head --block` in its own process group).
+
+    Other test runs on a shared machine call `ray stop --force`, which kills every Ray daemon of the user: when our
+    head is found dead after a probe, `retry` restarts it and runs the probe again (only then, never on a wrong
+    answer from a live cluster).
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+        self.restarts = 0
+
+    def start(self) -> None:
+        port = _free_port()
+        log = self.folder / f"head-{port}.log"
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+        # Ray >= 2.5x turns token auth on for new clusters (token in ~/.ray): the tests' drivers have another HOME
+        env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
+                 "--include-dashboard=false", "--block"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.address = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.alive():
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"ray start --head exited {self.proc.returncode}: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        pytest.fail("Ray head did not listen within 120 s")
+
+    def alive(self) -> bool:
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", int(self.address.rsplit(":", 1)[1]))) == 0
+
+    def stop(self) -> None:
+        # only the processes this fixture started: its own process group
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(wait)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def retry(self, fn, attempts: int = 3):
+        for _ in range(attempts):
+            result = fn(self.address)
+            if self.alive():
+                return result
+            self.stop()
+            self.restarts += 1
+            self.start()
+        return result
+
+
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
-    port = _free_port()
-    log = open(tmp_path_factory.mktemp("ray") / "head.log", "wb")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
-    # Ray >= 2.5x turns token auth on for new clusters (token in ~/.ray): the tests' drivers have another HOME
-    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-    proc = subprocess.Popen(
-        [str(RAY), "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0", "--include-dashboard=false",
-         "--block"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if proc.poll() is not None:
-            pytest.fail(f"ray start --head exited {proc.returncode}: {Path(log.name).read_text()[-2000:]}")
-        time.sleep(0.5)
-    else:
-        pytest.fail("Ray head did not listen within 120 s")
-    yield f"127.0.0.1:{port}"
-    # only the processes this fixture started: its own process group
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(wait)
-            break
-        except ProcessLookupError:
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    log.close()
+    head = RayHead(tmp_path_factory.mktemp("ray"))
+    head.start()
+    yield head
+    head.stop()
 
 
 def _context(workspace, **flags):
@@ -96,8 +133,11 @@ def test_dry_run_and_switched_off_probe_run_nothing(workspace):
 @pytest.mark.ray
 def test_cluster_worker_right_wrong_and_foreign_pythonpath(workspace, ray_head, tmp_path):
     workspace.env["VERL_E2E_RAY_PROBE"] = "1"
-    ctx = _context(workspace, ray_address=ray_head)
-    checks = list(check_ray_worker(ctx))
+    def probe(address):
+        ctx = _context(workspace, ray_address=address)
+        return ctx, list(check_ray_worker(ctx))
+
+    ctx, checks = ray_head.retry(probe)
     main = checks[0]
     assert main.status == OK, main
     src = workspace.bridge / "src"
@@ -107,9 +147,12 @@ def test_cluster_worker_right_wrong_and_foreign_pythonpath(workspace, ray_head, 
     assert [c.status for c in checks[1:]] == [OK]
 
     # the runtime_env PYTHONPATH misses the checkout: the worker cannot import megatron.bridge
-    ctx = _context(workspace, ray_address=ray_head)
-    ctx.pythonpath = str(tmp_path / "nowhere")
-    [blocked] = list(check_ray_worker(ctx))
+    def probe_nowhere(address):
+        ctx = _context(workspace, ray_address=address)
+        ctx.pythonpath = str(tmp_path / "nowhere")
+        return ctx, list(check_ray_worker(ctx))
+
+    ctx, [blocked] = ray_head.retry(probe_nowhere)
     assert blocked.status == BLOCKED and blocked.category == "env-ray-import"
     assert "No module named 'megatron'" in blocked.detail
     assert "runtime_env.env_vars.PYTHONPATH=" in blocked.fix and str(src) in blocked.fix
@@ -119,18 +162,22 @@ def test_cluster_worker_right_wrong_and_foreign_pythonpath(workspace, ray_head, 
     other = tmp_path / "site-packages"
     (other / "megatron" / "bridge").mkdir(parents=True)
     (other / "megatron" / "bridge" / "__init__.py").write_text("")
-    ctx = _context(workspace, ray_address=ray_head)
-    ctx.pythonpath = f"{other}:{ctx.pythonpath}"
-    [blocked] = list(check_ray_worker(ctx))
-    assert blocked.status == BLOCKED and blocked.category == "wrong-bridge" and str(other) in blocked.detail
+    def probe_other(address):
+        ctx = _context(workspace, ray_address=address)
+        ctx.pythonpath = f"{other}:{ctx.pythonpath}"
+        return list(check_ray_worker(ctx))
+
+    [blocked] = ray_head.retry(probe_other)
+    assert blocked.status == BLOCKED and blocked.category == "wrong-bridge" and str(other) in blocked.detail, blocked
 
 
 @pytest.mark.ray
 def test_level0_records_the_workers_bridge(workspace, ray_head):
-    proc = workspace.invoke("level0", "--skip-bridge-checks", "--ray-address", ray_head,
-                            env={"VERL_E2E_RAY_PROBE": "1", "RAY_AUTH_MODE": "disabled"})
+    proc = ray_head.retry(lambda address: workspace.invoke(
+        "level0", "--skip-bridge-checks", "--ray-address", address,
+        env={"VERL_E2E_RAY_PROBE": "1", "RAY_AUTH_MODE": "disabled"}, timeout=500))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    [run_dir] = workspace.run_dirs()
+    run_dir = workspace.run_dirs()[-1]
     record = json.loads((run_dir / "run.json").read_text())
     checks = {c["name"]: c for c in record["preflight"]}
     assert checks["Ray worker imports the local Bridge"]["status"] == "ok"
@@ -147,8 +194,11 @@ def test_throwaway_local_cluster(workspace):
     """No --ray-address: the probe starts (and shuts down) its own one-CPU cluster; the driver gets no Bridge."""
     pythonpath = compose(workspace.bridge, workspace.verl)
     environ = dict(workspace.env, PYTHONPATH=f"{pythonpath}:{workspace.env['PYTHONPATH']}")
-    probe = probe_ray_worker(sys.executable, pythonpath, None, environ=environ)
-    assert probe.driver_error is None
+    for _ in range(3):  # a `ray stop --force` from another test run can kill the throwaway cluster mid-probe
+        probe = probe_ray_worker(sys.executable, pythonpath, None, environ=environ)
+        if probe.driver_error is None:
+            break
+    assert probe.driver_error is None, probe.driver_error
     [worker] = probe.workers
     assert worker["pythonpath"] == pythonpath  # what runtime_env gave it
     assert worker["megatron.bridge"]["file"].startswith(str(workspace.bridge / "src"))
