@@ -269,3 +269,16 @@ def test_doctor_shows_every_check_and_exits_3_when_blocked(workspace, tmp_path):
     bad = workspace.invoke("doctor", env={"TRAIN_FILES": str(tmp_path / "missing.parquet"), "NUM_GPUS": "0"})
     assert bad.returncode == 3
     assert bad.stdout.count("✘") >= 2  # doctor does not stop at the first blocked check
+
+
+def test_stall_timeout_stops_a_hung_run_and_judges_it_timeout(workspace):
+    # 0.05 min = 3 s without output while the fake trainer hangs in its first step
+    proc = workspace.invoke("level0", "--skip-bridge-checks", "--stall-timeout", "0.05", env={"FIXTURE_FAIL": "hang"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # hung after the model was built: Fail, not Blocked
+    run_dir = only_run_dir(workspace)
+    md, summary = summary_of(run_dir)
+    assert summary["category"] == "timeout"
+    log = (run_dir / "verl.log").read_text()
+    assert "Training Progress" in log and "timeout (no output for 3s)" in log
+    leftover = subprocess.run(["pgrep", "-f", f"verl.trainer.main_ppo.*{workspace.data}"], capture_output=True)
+    assert leftover.returncode == 1, "the hung trainer survived the stall timeout"
