@@ -143,8 +143,10 @@ def test_bad_host_strings_are_refused(text):
 
 def test_first_use_sets_up_a_venv_on_the_host(trees):
     """No --remote-python: the remote tool tree gets .venv with the project installed, reused afterwards."""
-    if subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", "/tmp/verl-e2e-pipcheck",
-                       "invoke"], capture_output=True, timeout=60).returncode != 0:
+    # the remote side is a login shell's python3 (not this test's venv, which may have no pip): ask that one
+    login_pip = ["env", "-i", f"HOME={os.environ.get('HOME', '/root')}", "bash", "-lc",
+                 "python3 -m pip download -q --no-deps -d /tmp/verl-e2e-pipcheck invoke"]
+    if subprocess.run(login_pip, capture_output=True, timeout=120).returncode != 0:
         pytest.skip("no package index reachable for the remote pip install")
     assert trees.invoke(["finish", "--code", "0"], remote_python=None) == 0, trees.err
     assert (trees.r_tool / ".venv/bin/python").exists()
