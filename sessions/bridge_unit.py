@@ -271,6 +271,8 @@ def ensure_for_level(log_dir: Path, state: RepoState, skip: bool, extra: Sequenc
     with open(log_path, "ab") as log:
         result = run_logged(argv, cwd=NOXFILE.parent, env=env, log=log, log_path=log_path,
                             stall_timeout=stall_timeout_s, secrets=secret_values(environ))
+    if result.termination == "interrupted":
+        raise KeyboardInterrupt  # the user stopped the level, not just its unit tests (log kept above)
     written = None
     for line in log_path.read_text(errors="replace").splitlines():
         if line.startswith(RECORD_LINE):

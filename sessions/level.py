@@ -341,9 +341,15 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     _save_run(run_dir, record)
 
     if blocked is None:
-        checks_result = ensure_bridge_checks(settings, ctx, opts, run_dir)
+        try:
+            checks_result = ensure_bridge_checks(settings, ctx, opts, run_dir)
+        except KeyboardInterrupt:  # Ctrl-C while the unit tests ran: still leave a summary behind
+            checks_result = BridgeChecks("Blocked", "interrupted (Ctrl-C) while the Bridge-side checks ran")
+            record["stopped_before_verl"] = "interrupted while the Bridge-side checks ran"
         record["bridge_checks"] = checks_result.to_json()
-        if checks_result.status not in ("Pass", "Not requested") and not opts.keep_going:
+        if record["stopped_before_verl"]:
+            pass
+        elif checks_result.status not in ("Pass", "Not requested") and not opts.keep_going:
             record["stopped_before_verl"] = f"Bridge-side checks {checks_result.status} (--keep-going to run anyway)"
         else:
             _launch_all(ctx, settings, planned, run_dir, record)

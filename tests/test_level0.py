@@ -282,3 +282,30 @@ def test_stall_timeout_stops_a_hung_run_and_judges_it_timeout(workspace):
     assert "Training Progress" in log and "timeout (no output for 3s)" in log
     leftover = subprocess.run(["pgrep", "-f", f"verl.trainer.main_ppo.*{workspace.data}"], capture_output=True)
     assert leftover.returncode == 1, "the hung trainer survived the stall timeout"
+
+
+def test_sigint_while_the_bridge_checks_run_leaves_a_blocked_summary_and_starts_no_verl(workspace):
+    hang = workspace.bridge / "tests/unit_tests/models/test_hangs.py"
+    hang.write_text("import time\n\n\ndef test_hangs():\n    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "level0", "--keep-going", "--bridge-tests",
+                             "tests/unit_tests/models/test_hangs.py"], cwd=PROJECT, env=workspace.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        logs = list(workspace.log_dir.glob("*-level0-*/bridge_unit.log"))
+        if logs and "running:" in logs[0].read_text():
+            break
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        raise AssertionError("bridge_unit never started pytest")
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    run_dir = only_run_dir(workspace)
+    assert not (run_dir / "verl.log").exists(), "--keep-going must not start verl after a Ctrl-C"
+    md, summary = summary_of(run_dir)
+    assert deliverable(summary, "Bridge-side checks")["status"] == "Blocked"
+    assert "interrupted" in deliverable(summary, "Bridge-side checks")["detail"]
+    assert "running:" in (run_dir / "bridge_unit.log").read_text()
