@@ -24,7 +24,7 @@ from env.repos import MEGATRON_LM
 if TYPE_CHECKING:
     from env.preflight import Check, RunContext
 
-PROBE_TIMEOUT_S = 300.0
+PROBE_TIMEOUT_S = 180.0  # local cluster start + worker start; a hung probe must not eat the run
 
 # Runs in the run's Python; prints one JSON line. argv: address ("" = throwaway local), worker PYTHONPATH.
 _RAY_PROBE = r"""
@@ -70,7 +70,7 @@ try:
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
             for n in nodes] or [where.remote()]
-    out["workers"] = ray.get(refs, timeout=120)
+    out["workers"] = ray.get(refs, timeout=90)
     out["cluster_cpus"] = ray.cluster_resources().get("CPU", 0)
 except BaseException as e:
     out["driver_error"] = f"worker probe failed: {type(e).__name__}: {e}".splitlines()[0]
