@@ -88,7 +88,12 @@ class RayHead:
 
     def retry(self, fn, attempts: int = 3):
         for _ in range(attempts):
-            result = fn(self.address)
+            try:
+                result = fn(self.address)
+            except subprocess.TimeoutExpired:
+                if self.alive():
+                    raise  # hung against a live cluster: a real failure
+                result = None
             if self.alive():
                 return result
             self.stop()
