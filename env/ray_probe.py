@@ -132,7 +132,8 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
         yield Check(name, SKIPPED, "dry-run: Ray probe not run")
         return
     if not ctx.settings.values.get("ray_probe", True):
-        ctx.notes.append("Ray worker import probe not run (VERL_E2E_RAY_PROBE=0): only the driver import was checked")
+        ctx.limitations.append("Ray worker import not probed before the run (VERL_E2E_RAY_PROBE=0): only the driver "
+                               "import was checked")
         yield Check(name, SKIPPED, "VERL_E2E_RAY_PROBE=0: worker import not checked before the run")
         return
     address = ctx.settings.ray_address

@@ -81,14 +81,3 @@ def not_requested() -> BridgeChecks:
     return BridgeChecks(NOT_REQUESTED, "--skip-bridge-checks",
                         limitations=["Bridge-side checks not requested (--skip-bridge-checks): the result speaks "
                                      "for the verl level alone"])
-
-
-def resolve_bridge_checks(log_dir: Path, state: RepoState, skip: bool) -> BridgeChecks:
-    """The deliverable before verl starts: not requested, or the matching record, or Skipped for want of one."""
-    if skip:
-        return not_requested()
-    record = find_record(log_dir, state)
-    if record is not None:
-        return from_record(record)
-    return BridgeChecks("Skipped", f"no bridge_unit record for Bridge {state.head} in this state "
-                                   f"(fingerprint {state.fingerprint}); run: nox -s bridge_unit")

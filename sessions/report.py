@@ -13,7 +13,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from env.settings import UsageError
-from sessions.verdict import Verdict
 
 DELIVERABLES = (
     "Bridge-side checks",
@@ -108,7 +107,3 @@ def report_command(run_dir: str) -> int:
     write_reports(path, summary)
     sys.stdout.write(render_markdown(summary))
     return EXIT_BY_RESULT[summary["result"]]
-
-
-def verdict_of(summary_verdicts: list[dict]) -> list[Verdict]:
-    return [Verdict.from_json(v) for v in summary_verdicts]
