@@ -154,13 +154,17 @@ def save_resume(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcom
                             facts={"checkpoint_dir": series,
                                    "checkpoints": {e["name"]: e.get("checkpoints") for e, _ in judged}})
 
+    def run_failed(v: Verdict, what: str, tail: str = "") -> LevelOutcome:
+        """A run of the series did not pass: its own verdict, plus the procedure's checkpoint triage."""
+        follow = [SAVE_FREQ_FOLLOW_UP] if "checkpoint" in (v.category, v.phase) else []
+        follow += [f for f in v.follow_ups if f != "none"]
+        return outcome(v.result, f"{what}: {describe_verdict(v)}{tail}", v.category, follow)
+
     if "A" not in runs:
         return outcome("Fail", "run A (save) has no log", "unknown")
     a_entry, a = runs["A"]
     if a.result != "Pass":
-        follow = [SAVE_FREQ_FOLLOW_UP] if a.category == "checkpoint" or a.phase == "checkpoint" else []
-        follow += [f for f in a.follow_ups if f != "none"]
-        return outcome(a.result, f"run A (save): {describe_verdict(a)}; run B not started", a.category, follow)
+        return run_failed(a, "run A (save)", "; run B not started")
     want1 = _step_dir(series, 1) if series else None
     a_ckpt = a_entry.get("checkpoints") or {}
     if not any(_same_path(p, want1) for p in a.checkpoints_saved):
@@ -175,9 +179,7 @@ def save_resume(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcom
         return outcome("Fail", "run A saved global_step_1 but run B (resume) has no log", "unknown")
     b_entry, b = runs["B"]
     if b.result != "Pass":
-        follow = [SAVE_FREQ_FOLLOW_UP] if b.category == "checkpoint" or b.phase == "checkpoint" else []
-        follow += [f for f in b.follow_ups if f != "none"]
-        return outcome(b.result, f"run A saved {want1}; run B (resume): {describe_verdict(b)}", b.category, follow)
+        return run_failed(b, f"run A saved {want1}; run B (resume)")
     if b.resumed_from is None:
         why = "it logged a fresh start (tracker file not found)" if b.fresh_start else "it logged no resume"
         return outcome("Fail", f"run B did not resume from {want1}: {why}", "checkpoint", [SAVE_FREQ_FOLLOW_UP])
