@@ -347,11 +347,10 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
             checks_result = BridgeChecks("Blocked", "interrupted (Ctrl-C) while the Bridge-side checks ran")
             record["stopped_before_verl"] = "interrupted while the Bridge-side checks ran"
         record["bridge_checks"] = checks_result.to_json()
-        if record["stopped_before_verl"]:
-            pass
-        elif checks_result.status not in ("Pass", "Not requested") and not opts.keep_going:
+        if (not record["stopped_before_verl"] and checks_result.status not in ("Pass", "Not requested")
+                and not opts.keep_going):
             record["stopped_before_verl"] = f"Bridge-side checks {checks_result.status} (--keep-going to run anyway)"
-        else:
+        if not record["stopped_before_verl"]:
             _launch_all(ctx, settings, planned, run_dir, record)
     record["finished"] = time.time()
     _save_run(run_dir, record)
