@@ -95,7 +95,8 @@ def make_level_task(number: int):
     params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default) for f in flags]
     body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     body.__name__ = body.__qualname__ = f"level{number}"
-    body.__doc__ = (f"Level {number}: {level.title} — {level.proves}. Extra Hydra overrides after `--`. "
+    body.__doc__ = (f"Level {number}: {level.title}; exit 0 Pass, 1 Fail, 3 Blocked.\n\n"
+                    f"A Pass shows that {level.proves}. Extra Hydra overrides after `--`. "
                     f"Exit 0 Pass, 1 Fail, 3 Blocked, 2 bad invocation.")
     wrapped = one_line_errors(body)
     wrapped.__signature__ = body.__signature__  # type: ignore[attr-defined]
