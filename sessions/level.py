@@ -447,6 +447,16 @@ def _import_deliverable(record: dict, judged: list[tuple[dict, Verdict]]) -> Del
     return Deliverable("Local Bridge import in verl", "Pass", detail)
 
 
+def _restated_settings(record: dict, judged: list[tuple[dict, Verdict]]) -> set[str]:
+    """Limitations the log shows for settings this tool applied itself: preflight already stated them, with the
+    reason. Settings the user added after `--` are not ours, so the log's limitation for them stays."""
+    user = set(record["options"].get("extra_overrides") or [])
+    ours = [a for e in record["runs"] for a in e["argv"][2:] if a not in user]
+    ours += [f"{k}={v}" for e in record["runs"] for k, v in (e.get("wrapper_env") or {}).items()]
+    return {text for _, v in judged for needle, text in v.setting_limitations.items()
+            if any(needle in arg for arg in ours)}
+
+
 def summarize_run_dir(run_dir: Path) -> dict:
     """Deliverables, result and the summary fields, from run.json and the logs (also for `invoke report`)."""
     record = json.loads((run_dir / RUN_FILE).read_text())
@@ -505,7 +515,9 @@ def summarize_run_dir(run_dir: Path) -> dict:
             next(d for d in deliverables if d.status == "Skipped")
         sentence = (f"{title} blocked — {bad.name}: {bad.detail}. Not evidence against the Bridge provider.")
 
-    limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + outcome.limitations
+    restated = _restated_settings(record, judged)
+    limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + \
+        [x for x in outcome.limitations if x not in restated]
     follow_ups = list(outcome.follow_ups)
     if blocked and blocked.get("fix"):
         follow_ups.insert(0, f"fix the environment: {blocked['fix']}, then rerun")

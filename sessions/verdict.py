@@ -69,6 +69,9 @@ class Verdict:
     fresh_start: bool = False  # logged "Training from scratch" / tracker file missing
     adapter: dict[str, Any] = field(default_factory=dict)  # {"total": int, "adapter": int, "trainable_pct": float}
     bridge_paths: list[str] = field(default_factory=list)  # megatron.bridge file paths printed in the log
+    # limitations read from settings in the log (pattern needle -> text), so a caller that applied the setting
+    # itself and already said why can leave the log's restatement out
+    setting_limitations: dict[str, str] = field(default_factory=dict)
     # added by the verdict engine (issue 7)
     summary: str = ""  # one sentence after "Result: <result> - " in the report
     level: int | None = None
@@ -188,6 +191,7 @@ class _Judge:
         self.fresh_start = False
         self.bridge_paths: list[str] = []
         self.limitations: dict[str, None] = {}
+        self.setting_limitations: dict[str, str] = {}
         self.key_lines: dict[str, str] = {}
         self.events: deque[_ErrorEvent] = deque(maxlen=MAX_EVENTS)
         self.first_event_since_progress: _ErrorEvent | None = None
@@ -258,6 +262,7 @@ class _Judge:
                 ignored = True
             elif kind == "limitation":
                 self.limitations.setdefault(pattern.limitation, None)
+                self.setting_limitations[pattern.needle] = pattern.limitation
             elif kind == "traceback":
                 if line.source is None:
                     self._driver_failure()
@@ -480,6 +485,7 @@ class _Judge:
             termination=self.termination, level=self.level, checkpoints_saved=list(self.checkpoints_saved),
             resumed_from=self.resumed_from, fresh_start=self.fresh_start, adapter=dict(self.adapter),
             bridge_paths=list(self.bridge_paths), nan_metrics=list(self.nan_findings),
+            setting_limitations=dict(self.setting_limitations),
         )
         verdict.step_metrics = dict(self.metrics_head)
         for step, rest in self.metrics_tail:

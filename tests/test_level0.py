@@ -309,3 +309,18 @@ def test_sigint_while_the_bridge_checks_run_leaves_a_blocked_summary_and_starts_
     assert deliverable(summary, "Bridge-side checks")["status"] == "Blocked"
     assert "interrupted" in deliverable(summary, "Bridge-side checks")["detail"]
     assert "running:" in (run_dir / "bridge_unit.log").read_text()
+
+
+def test_each_limitation_is_stated_once_and_user_overrides_still_count(workspace):
+    assert workspace.invoke("level0", "--skip-bridge-checks", "--no-reward-model").returncode == 0
+    _, summary = summary_of(only_run_dir(workspace))
+    lims = summary["limitations"]
+    assert sum("reward model disabled" in x for x in lims) == 1, lims
+    assert sum("global_profiler.tool=null" in x for x in lims) == 1, lims
+    assert sum("gradient_accumulation_fusion=False" in x for x in lims) == 1, lims
+    shutil.rmtree(workspace.log_dir)
+    # a setting only the user's Hydra override made is known from the log alone: its limitation stays
+    assert workspace.invoke("level0", "--skip-bridge-checks", "--",
+                            "actor_rollout_ref.rollout.enforce_eager=True").returncode == 0
+    _, summary = summary_of(only_run_dir(workspace))
+    assert any("CUDA-graph capture not exercised" in x for x in summary["limitations"])
