@@ -29,7 +29,7 @@ from env.remote_helper import file_state
 from env.settings import UsageError
 
 if TYPE_CHECKING:
-    from env.remote import RemoteHost
+    from env.remote_host import RemoteHost
 
 GITLINK_MODE = "160000"
 MANIFEST_VERSION = 1

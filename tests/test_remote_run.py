@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from env.remote import parse_host
+from env.remote_host import parse_host
 from env.settings import UsageError
 from tests.remote_fixtures import REMOTE_PYTHON, Trees, sshd  # noqa: F401
 from tests.sshd import DIRECT_ALIAS
