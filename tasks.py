@@ -233,6 +233,36 @@ def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_
 
 
 @task(
+    auto_shortflags=False,
+    iterable=["on"],
+    help={
+        "good": "a commit where the level passes (required)",
+        "bad": "a commit where it does not (default HEAD)",
+        "repo": "the checkout to bisect: bridge (BRIDGE_REPO, default) or verl (VERL_REPO)",
+        "max_steps": "at most this many level runs (reused verdicts are free); then report the range that remains",
+        "on": "FAIL-CATEGORY=bad|skip, repeatable (default: bad for provider, checkpoint, nan-metrics, bridge-checks;"
+              " skip for oom, nccl, timeout, ...)",
+        "stash": "stash uncommitted changes first (restored at the end) instead of refusing a dirty checkout",
+    },
+)
+@one_line_errors
+def bisect(c, good=None, bad=None, repo="bridge", max_steps=None, on=None, stash=False):
+    """Find the first commit that breaks a level: git bisect, judged by the level itself at each commit.
+
+    Usage: invoke bisect --good REF [--bad REF] [--repo bridge|verl] [--max-steps N] [--on CAT=bad|skip] [--stash]
+    level<N> [its flags] [-- hydra overrides]. Pass marks good, Blocked skip, Fail bad or skip by category. A level
+    already judged at a commit with the same settings is reused from its run directory (delete it to rerun). The
+    branch, commit, submodules and stash are restored on success, failure and Ctrl-C. Report in
+    $LOG_DIR/<utc>-bisect-level<N>-<model>/. Exit 0 found, 3 ambiguous or stopped (candidates listed), 2 bad usage.
+    """
+    from env.cli import forwarded_args
+    from sessions.bisect import bisect_command
+
+    return bisect_command(c, good=good, bad=bad, repo=repo, max_steps=max_steps, on=on, stash=stash,
+                          task_line=forwarded_args("bisect"), remainder=getattr(c, "remainder", "") or "")
+
+
+@task(
     help={
         "local_dataset_path": "local copy of openai/gsm8k (GSM8K_SOURCE_DIR); used only if it exists, else the hub",
         "out": "output folder for train.parquet / test.parquet (GSM8K_DIR, default ~/data/gsm8k)",

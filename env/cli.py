@@ -16,9 +16,10 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_USAGE, EXIT_BLOCKED = 0, 1, 2, 3
 EXIT_BY_RESULT = {"Pass": EXIT_PASS, "Fail": EXIT_FAIL, "Blocked": EXIT_BLOCKED}
 
 
-# Tasks that run another task elsewhere (`invoke remote --host H level1 --model M`): everything from the first
-# positional token after their own flags is the forwarded task line, not a second local task.
-FORWARDING_TASKS = ("remote", "slurm")
+# Tasks that run another task elsewhere (`invoke remote --host H level1 --model M`) or at each commit (`invoke
+# bisect --good R level0`): everything from the first positional token after their own flags is the forwarded task
+# line, not a second local task.
+FORWARDING_TASKS = ("remote", "slurm", "bisect")
 _forwarded: dict[str, list[str]] = {}
 
 
