@@ -251,8 +251,8 @@ def bisect(c, good=None, bad=None, repo="bridge", max_steps=None, on=None, stash
 
     Usage: invoke bisect --good REF [--bad REF] [--repo bridge|verl] [--max-steps N] [--on CAT=bad|skip] [--stash]
     level<N> [its flags] [-- hydra overrides]. Pass marks good, Blocked skip, Fail bad or skip by category. A level
-    already judged at a commit with the same settings is reused from its run directory (delete it to rerun). The
-    branch, commit, submodules and stash are restored on success, failure and Ctrl-C. Report in
+    judged Pass or Fail at a commit with the same settings is reused from its run directory (delete it to rerun).
+    The branch, commit, submodules and stash are restored on success, failure and Ctrl-C. Report in
     $LOG_DIR/<utc>-bisect-level<N>-<model>/. Exit 0 found, 3 ambiguous or stopped (candidates listed), 2 bad usage.
     """
     from env.cli import forwarded_args

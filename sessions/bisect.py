@@ -42,6 +42,7 @@ FAIL_CATEGORIES = tuple(c for c in STEP_CATEGORIES if c not in ("success", "inte
 RUN_DIR_LINE = re.compile(re.escape(TOOL_PREFIX) + r" run directory: (.+?)\s*$")
 STOP_GRACE_S = 90  # a level stopped by Ctrl-C still stops verl and writes its summary
 REPLAY_FILE = "bisect-replay.log"
+REUSED_RESULTS = ("Pass", "Fail")  # verdicts about the commit; Blocked and interrupted runs say nothing lasting
 
 
 def _say(msg: str) -> None:
@@ -199,7 +200,8 @@ class LevelRunner:
         return out[0], out[1]
 
     def find_judged(self) -> tuple[Path, dict] | None:
-        """The newest finished run directory of this level with the same settings and checkout states."""
+        """The newest finished run directory of this level with the same settings and checkout states, judged Pass
+        or Fail (a Blocked one is run again: the environment that blocked it may have been fixed since)."""
         bridge_fp, verl_fp = self.states()
         if bridge_fp is None or verl_fp is None:
             return None
@@ -212,8 +214,7 @@ class LevelRunner:
                     and record.get("options") == self.options and record.get("settings") == self.settings
                     and record.get("bridge", {}).get("fingerprint") == bridge_fp
                     and record.get("verl", {}).get("fingerprint") == verl_fp
-                    and summary.get("category") != "interrupted" and summary.get("result") in ("Pass", "Fail",
-                                                                                                  "Blocked")):
+                    and summary.get("result") in REUSED_RESULTS):
                 return run_json.parent, summary
         return None
 
@@ -487,8 +488,9 @@ def report(b: Bisection, report_dir: Path, started: float, argv_display: str) ->
              + ", ".join(c for c, m in sorted(b.opts.rules.items()) if m == "bad") + "; skip for every other category"
              + (f" (--on: {', '.join(f'{c}={b.opts.rules[c]}' for c in sorted(b.opts.on_given))})"
                 if b.opts.on_given else " (defaults)"),
-             f"- runs: {b.runs} level run(s), {sum(s.reused for s in b.steps)} verdict(s) reused from earlier run "
-             f"directories; {time.time() - started:.1f}s in all. Model, data and Bridge unit-test records are shared "
+             f"- runs: {b.runs} level run(s), {sum(s.reused for s in b.steps)} Pass/Fail verdict(s) reused from "
+             f"earlier run directories (Blocked ones are run again); {time.time() - started:.1f}s in all. Model, data "
+             f"and Bridge unit-test records are shared "
              f"through LOG_DIR ({b.runner.log_dir}) and the settings' paths",
              f"- replay: `git bisect replay {report_dir / REPLAY_FILE}` (in {co.path}, after `git bisect start`)"]
     if b.error:
