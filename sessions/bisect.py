@@ -322,13 +322,13 @@ class Bisection:
     def judge_head(self, commit: str, purpose: str = "bisect") -> Step | None:
         """The verdict at the checked-out commit; None when --max-steps forbids another run and none is reusable."""
         info = self.checkout.info(commit)
+        started = time.monotonic()
         moves: list[str] = []
         try:
             moves = self.checkout.sync_submodules()
         except GitStepError as e:
             return self._record(Step(len(self.steps) + 1, commit, info.subject, "none", "checkout", "skip",
                                      f"submodule not updated → skip: {e}", purpose=purpose))
-        started = time.monotonic()
         judged = self.runner.find_judged()
         if judged is not None:
             run_dir, summary = judged

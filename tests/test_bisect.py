@@ -351,3 +351,41 @@ def test_remote_dry_run_forwards_the_bisection_with_the_local_checkouts(tmp_path
     assert "-m invoke bisect --good HEAD --on oom=bad level0 --model Qwen/Qwen2.5-0.5B" in trees.out, trees.out
     assert f"BRIDGE_REPO={trees.r_bridge}" in trees.out and "--bridge-repo" not in trees.out.split("remote command")[-1]
     assert not trees.r_bridge.exists()  # dry run: nothing synced
+
+
+def test_verl_checkout_is_bisected_with_on_rules_and_a_commit_the_level_refuses(workspace):
+    """--repo verl: the Bridge stays put; a verl commit without the wrapper (the level refuses it, exit 2, no run
+    directory) is skipped; a Fail of category nccl counts as bad only because --on nccl=bad says so."""
+    ws = workspace
+    repo = git.Repo(ws.verl)
+    good = repo.head.commit.hexsha
+    wrapper = ws.verl / "tests/special_e2e/run_ppo_trainer_megatron.sh"
+    trainer = ws.verl / "verl/trainer/main_ppo.py"
+    commits = []
+    for n in range(1, 7):
+        files = {f"docs/v{n}.md": f"v{n}\n"}
+        if n == 3:
+            saved = wrapper.read_text()
+            wrapper.unlink()
+        elif n == 4:
+            files[str(wrapper.relative_to(ws.verl))] = saved
+        elif n == 5:
+            files["verl/trainer/main_ppo.py"] = trainer.read_text().replace(
+                'FAIL = os.environ.get("FIXTURE_FAIL", "")', 'FAIL = os.environ.get("FIXTURE_FAIL", "nccl")')
+            assert files["verl/trainer/main_ppo.py"] != trainer.read_text()
+        commits.append(_commit(repo, f"verl change {n}", files))
+    before_bridge, before_verl = checkout_state(ws.bridge), git.Repo(ws.verl).head.commit.hexsha
+    proc = ws.invoke("bisect", "--repo", "verl", "--good", good, "--on", "nccl=bad", "level0", "--skip-bridge-checks",
+                     timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = _summary(bisect_dirs(ws)[0])
+    assert s["repo"] == "verl" and s["first_bad"] == commits[4]
+    by_commit = {st["commit"]: st for st in s["steps"]}
+    refused = by_commit[commits[2]]
+    assert refused["mark"] == "skip" and refused["exit_code"] == 2 and refused["run_dir"] is None
+    assert "has no tests/special_e2e/run_ppo_trainer_megatron.sh" in refused["first_error"]
+    assert (by_commit[commits[4]]["category"], by_commit[commits[4]]["rule"]) == \
+        ("nccl", "Fail/nccl → bad (--on nccl=bad)")
+    assert checkout_state(ws.bridge) == before_bridge
+    assert git.Repo(ws.verl).head.commit.hexsha == before_verl and git.Repo(ws.verl).active_branch.name == "main"
+    assert not git.Repo(ws.verl).is_dirty(untracked_files=True)
