@@ -2,10 +2,8 @@
 
 Two layers:
 - `scan_file` reads a file in large binary chunks and yields only the physical lines that contain one of the
-  wanted needles (bytes.find in C; no per-line Python work for the bulk of a multi-GB log). In a log bigger than
-  head+tail, the middle is searched with the judge's short "sparse" needle list (step lines, tracebacks, and
-  what the judge still lacks); the head, the tail and a window after every Traceback get the full list. A run
-  that dies prints its fatal error just before it ends (tail) or as a traceback (window).
+  wanted needles (bytes.find in C; no per-line Python work for the bulk of a multi-GB log). Every byte is searched:
+  an error in the middle of a 1 GiB log is found like one at its end.
 - `normalise` turns one physical line into logical lines: ANSI codes stripped, an external timestamp or srun
   label dropped, Ray prefixes (nested, `ip=`) removed but remembered as the source, `[repeated Nx across
   cluster]` dropped, and `\\r` tqdm redraws split into separate segments.
@@ -17,13 +15,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 CHUNK_SIZE = 8 << 20
-HEAD_BYTES = 4 << 20
-TAIL_BYTES = 4 << 20
-TRACEBACK_WINDOW = 256 << 10
 MAX_JOINED_STEP = 1 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
 OWN_HEADER = "[verl-e2e]"  # our launcher's header lines: never evidence
 
@@ -36,6 +31,8 @@ EXTERNAL_PREFIX_RE = re.compile(
 RAY_PREFIX_RE = re.compile(
     r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
 )
+ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:3\d|39|0)m")
+RANK_PREFIX_RE = re.compile(r"^\[[Rr]ank\d+\]:\s?")
 REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
 # A wrapped continuation of a metrics line: fragments of `key:value` joined by ` - `, nothing else.
@@ -54,6 +51,8 @@ def normalise(raw: str) -> list[LogLine]:
     """One physical line -> its logical lines (see module docstring). Our own header lines give none."""
     if "\x1b" in raw:
         raw = ANSI_RE.sub("", raw)
+    if "[3" in raw or "[0m" in raw:  # a paste that lost the ESC byte keeps "[36m" or "^[[36m"
+        raw = ANSI_RESIDUE_RE.sub("", raw)
     raw = raw.rstrip("\n")
     if raw[:1].isdigit() or raw[:1] == "[":
         raw = EXTERNAL_PREFIX_RE.sub("", raw, count=1)
@@ -71,6 +70,8 @@ def normalise(raw: str) -> list[LogLine]:
                 inner = name
             pos = match.end()
         raw = raw[pos:]
+    if raw.startswith(("[rank", "[Rank")):
+        raw = RANK_PREFIX_RE.sub("", raw, count=1)
     if raw.endswith("]") and "across cluster" in raw:
         raw = REPEATED_RE.sub("", raw)
     if raw.startswith(OWN_HEADER):
@@ -134,36 +135,28 @@ def join_wrapped(lines: Iterable[str]) -> Iterator[str]:
 class ScanStats:
     bytes_read: int = 0
     lines_yielded: int = 0
-    sparse_bytes: int = 0  # bytes searched with the sparse needle list only
 
 
 def scan_file(
     path: str | os.PathLike[str],
-    full_needles: Sequence[bytes],
-    middle_needles: Callable[[], Sequence[bytes]],
+    needles: Sequence[bytes],
     *,
-    traceback_needle: bytes = b"Traceback (most recent call last)",
     last_only_needle: bytes | None = b"Training Progress",
     chunk_size: int = CHUNK_SIZE,
-    head_bytes: int = HEAD_BYTES,
-    tail_bytes: int = TAIL_BYTES,
     stats: ScanStats | None = None,
 ) -> Iterator[bytes]:
-    """Yield, in file order, the physical lines (bytes, no newline) holding a wanted needle.
+    """Yield, in file order, every physical line (bytes, no newline) of the file that holds one of `needles`.
 
-    `middle_needles()` is asked once per chunk for the needles to use in the middle of a big log. A line holding
-    `traceback_needle` in the middle opens a window searched with the full list. Of the lines holding
-    `last_only_needle` (frequent tqdm bars) only the last one of each full range is yielded.
+    Every byte of the file is searched (no sampling): one C-level `find` per needle over each large chunk, so the
+    Python work is proportional to the lines hit, not to the file. Of the lines holding `last_only_needle`
+    (frequent tqdm redraws) only the last one of each chunk is yielded. A wrapped `step:N - ...` metrics line comes
+    with its continuation lines joined.
     """
     stats = stats if stats is not None else ScanStats()
     with open(path, "rb", buffering=0) as handle:
-        size = os.fstat(handle.fileno()).st_size
-        tail_start = max(head_bytes, size - tail_bytes)
         buf = bytearray(chunk_size + (1 << 16))
         view = memoryview(buf)
         filled = 0  # bytes of buf holding data (carry + new read)
-        base = 0  # file offset of buf[0]
-        full_until = head_bytes  # file offset up to which the full needle list applies (head, traceback windows)
         eof = False
         while not eof:
             if filled >= len(buf) - (1 << 16):  # carry too big (giant line or deferred step): grow
@@ -181,36 +174,12 @@ def scan_file(
                 if cut == 0:  # no newline in the whole buffer yet: read more
                     continue
             starts: set[int] = set()
-            full_ranges = []
-            if base < full_until:
-                full_ranges.append((0, min(cut, full_until - base)))
-            if base + cut > tail_start:
-                full_ranges.append((max(0, tail_start - base), cut))
-            middle_lo = full_ranges[0][1] if full_ranges and full_ranges[0][0] == 0 else 0
-            middle_hi = full_ranges[-1][0] if full_ranges and full_ranges[-1][1] == cut else cut
-            if middle_lo < middle_hi:
-                stats.sparse_bytes += middle_hi - middle_lo
-                for needle in middle_needles():
-                    if needle == traceback_needle:
-                        continue
-                    _collect(buf, needle, middle_lo, middle_hi, starts)
-                # A traceback in the middle opens a full-search window from its line on.
-                pos = buf.find(traceback_needle, middle_lo, middle_hi)
-                while pos != -1:
-                    line_start = buf.rfind(b"\n", 0, pos) + 1
-                    window_end = line_start + TRACEBACK_WINDOW
-                    full_ranges.append((line_start, min(cut, window_end)))
-                    full_until = max(full_until, base + window_end)
-                    pos = buf.find(traceback_needle, min(cut, window_end), middle_hi)
-            for lo, hi in full_ranges:
-                if lo >= hi:
-                    continue
-                for needle in full_needles:
-                    _collect(buf, needle, lo, hi, starts)
-                if last_only_needle is not None:
-                    pos = buf.rfind(last_only_needle, lo, hi)
-                    if pos != -1:
-                        starts.add(buf.rfind(b"\n", 0, pos) + 1)
+            for needle in needles:
+                _collect(buf, needle, 0, cut, starts)
+            if last_only_needle is not None:
+                pos = buf.rfind(last_only_needle, 0, cut)
+                if pos != -1:
+                    starts.add(buf.rfind(b"\n", 0, pos) + 1)
             consumed = 0  # lines starting before this offset were already yielded (joined continuations)
             deferred = None
             for start in sorted(starts):
@@ -239,7 +208,6 @@ def scan_file(
             keep_from = deferred if deferred is not None else cut
             carry = filled - keep_from
             buf[:carry] = buf[keep_from:filled]
-            base += keep_from
             filled = carry
 
 

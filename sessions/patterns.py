@@ -1,17 +1,19 @@
-"""The one table of log patterns the verdict engine knows: regex -> kind, phase, category, result rule, hint.
+"""The one table of log patterns the verdict engine knows: regex -> kind, category, result, hint.
 
-Each pattern names a literal `needle` that every line it can match contains; the streaming reader only hands
-the judge lines that contain one of the SCAN_NEEDLES_*, and tests check that every needle here contains one.
-Regexes are searched in the normalised text (no ANSI, no Ray prefix, one `\\r` segment).
+Each pattern names a literal `needle` that every line it can match contains; the streaming reader hands the judge
+only the lines that contain one of SCAN_NEEDLES (every line of the file is searched for them), and a test checks
+that every pattern is reachable through them. Regexes are searched in the normalised text (no ANSI, no Ray
+prefix, one `\\r` segment).
 
 Kinds:
-  ignore     - line is not evidence and not an error (optional-module warnings, Python warnings)
-  noise      - shutdown chatter; after the last completed step it is residual noise, never failing
+  ignore     - not evidence and not an error (optional-module warnings, Python warnings)
+  noise      - shutdown chatter; after the run completed it is residual noise, never failing
   marker     - the run reached `phase`
   fact       - a fact handler in verdict.py (`fact` names it)
   limitation - the run used a setting the report must list as a limitation
-  error      - a specific error cause: `category`, and `result` = "blocked" | "fail" | "by-phase"
-  exception  - a generic exception line (category from its phase)
+  error      - a named cause: `category`; `result` "blocked" only for positive environment evidence (SPEC), else
+               "fail"
+  exception  - a generic exception line (its category comes from the traceback's frames, the Ray method, the phase)
   traceback  - the start of a Python traceback
 """
 
@@ -23,23 +25,20 @@ from dataclasses import dataclass
 # Phases in the order a healthy run passes them (sessions.verdict.PHASES holds the same names).
 PHASE_ORDER = ("launch", "ray-up", "model-build", "model-built", "rollout-up", "training", "checkpoint", "shutdown")
 
-# The streaming reader's prefilter. FULL: searched in the head and tail of a big log (all of a small one) and in a
-# window after each traceback. MIDDLE: the middle of a big log, where a healthy run only adds step lines and
-# checkpoint saves (long needles: bytes.find skips faster). EARLY: also in the middle until training starts.
-# "Training Progress" bars are frequent: only the last one of each chunk is read (LAST_ONLY_NEEDLE).
-SCAN_NEEDLES_MIDDLE = ("training/global_step:", "Traceback (most recent call last)", "Saving checkpoint")
-TRACEBACK_NEEDLE = "Traceback (most recent call last)"
+# The streaming reader's prefilter: every line of the file holding one of these is parsed, no other line is.
+# Short, broad needles ("rror", "xception") keep the list small: its length is what the scan costs.
+SCAN_NEEDLES = (
+    "step", "rror", "xception", "Traceback", "illed", "File \"", "heckpoint", "emory", "imeout", "imed out",
+    "Watchdog", "Segmentation", "core dumped", "SIGABRT", "SIGSEGV", "Cannot load symbol", "ANILLA_MBRIDGE",
+    "anilla_mbridge", "TRAIN_STEPS", "training steps", "arameters", "percentage", "from scratch", "megatron/bridge",
+    "mbridge", "Bridge", "Final validation", "Could not override", "not in struct", "No module named",
+    "VISIBLE_DEVICES", "available GPUs", "No space", "KeyboardInterrupt", "NaN", "LORA", "LLM engine",
+    "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
+    "gradient_accumulation_fusion", "wandb:", "dot product attention",
+)
+# tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
-SCAN_NEEDLES_FULL = (
-    "step", "Traceback", "rror", "xception", "ERROR", "illed", "heckpoint", "Segmentation", "core dumped",
-    "Watchdog", "resource_tracker", "VISIBLE_DEVICES", "available GPUs", "Could not override", "Arrow",
-    "No space", "KeyboardInterrupt", "out of memory", "megatron/bridge", "NaN", "NCCL", "low on memory",
-    "cannot be scheduled", "not in struct",
-)
-SCAN_NEEDLES_EARLY = (
-    "MBRIDGE", "mbridge", "TRAIN_STEPS", "LORA", "PEFT", "parameters", "percentage", "from scratch", "Bridge",
-    "LLM engine", "DUMMY",
-)
+COMPLETE_BAR_NEEDLE = "Progress: 100%"
 
 H_RAY_IMPORT = (
     "Ray workers do not inherit the shell PYTHONPATH: pass "
@@ -63,6 +62,11 @@ H_LORA = (
     "helpers verl expects."
 )
 H_CHECKPOINT = "Rerun without save/resume (SAVE_FREQ=-1) to separate model construction from checkpoint behaviour."
+H_ATTENTION = (
+    "No attention backend for Transformer Engine (flash-attn is not installed and verl asks for "
+    "attention_backend=flash): add ++actor_rollout_ref.actor.megatron.override_transformer_config."
+    "attention_backend=fused (and the same for ref and critic), a Limitation, or install flash-attn."
+)
 H_DISK = (
     "No space left: move HF_HOME, HF_HUB_CACHE and MODEL_PATH to a larger scratch path and rerun with an "
     "explicit local MODEL_PATH."
@@ -106,9 +110,19 @@ CATEGORY_HINTS = {
         "The log shows another Bridge than the local checkout (or VANILLA_MBRIDGE=True): stop; no later "
         "failure or pass is evidence for the local Bridge change. Fix PYTHONPATH and rerun."
     ),
-    "timeout": (
-        "No new output before the stall timeout. A Ray cluster with fewer than ~10 CPUs never schedules "
-        "verl's workers (its transfer queue takes 8); also check for a hung collective."
+    "actor-died": (
+        "A Ray actor (worker process) died: read the raylet's cause (memory / OOM killer / node lost) and the "
+        "worker's last lines; host memory limits (K8s pod, cgroup) are the usual cause."
+    ),
+    "hang": (
+        "A collective or rendezvous timed out (NCCL watchdog, TCPStore) or the run stalled: check that every rank "
+        "reached the same collective, the interconnect, and parallel sizes vs GPU count. A Ray cluster with fewer "
+        "than ~10 CPUs never schedules verl's workers (its transfer queue takes 8)."
+    ),
+    "config": (
+        "The configuration was rejected: Hydra/omegaconf names the key. A key unknown to Hydra usually means the "
+        "wrapper script and the verl package come from different releases: put $VERL_REPO on PYTHONPATH and check "
+        "that verl.__file__ is under it."
     ),
     "interrupted": "The run was interrupted (SIGINT/SIGTERM) before it ended: not evidence either way; rerun it.",
     "unknown": "Read the first error line and the log around it.",
@@ -130,7 +144,9 @@ FOLLOW_UPS = {
     "env-disk": "move HF_HOME/HF_HUB_CACHE/MODEL_PATH to a larger disk and rerun",
     "env-dependency": "install the missing package in the run's Python (environment fix) and rerun",
     "wrong-bridge": "fix PYTHONPATH so verl imports $BRIDGE_REPO/src, then rerun",
-    "timeout": "rerun with more Ray CPUs / a longer stall timeout; look at the last lines before the stall",
+    "actor-died": "fix the worker's cause (memory limits, node) and rerun",
+    "hang": "rerun with NCCL_DEBUG=INFO (and more Ray CPUs if it stalled before training); look at the last lines",
+    "config": "fix the rejected key (same release for wrapper and verl) and rerun",
     "interrupted": "rerun the level to completion",
     "unknown": "read the log around the first error and rerun",
 }
@@ -160,9 +176,11 @@ def _p(*args, **kwargs) -> Pattern:
 PATTERNS: tuple[Pattern, ...] = (
     # -- lines that look like errors but are not (healthy runs print them) --------------------------------------
     _p("optional-engine", "not available", r"engine is not available|is not available, (?:skip|fall)", "ignore"),
-    _p("py-warning", "Warning:", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker)", "ignore"),
-    _p("log-warning", "WARN", r"^(?:\[?W\d{4} |WARNING[ :\]]|\[WARNING\]|\S+ WARNING |\(\w+\) WARNING )", "ignore"),
-    # -- shutdown chatter: residual noise after the last step -----------------------------------------------
+    _p("py-warning", "Warning", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker)|warnings\.warn\(", "ignore"),
+    _p("log-warning", "W", r"^(?:\[?W\d{4} |WARNING[ :\]]|\[WARNING\]|\S+ WARNING |\(\w+\) WARNING |"
+       r"\[[\d\- :,]+\] WARNING)", "ignore"),
+    _p("failed-import-warning", "Failed to import", r"Failed to import from", "ignore"),
+    # -- shutdown chatter: residual noise after the run completed -----------------------------------------------
     _p("resource-tracker", "resource_tracker", r"resource_tracker", "noise"),
     _p("atexit", "Exception ignored", r"Exception ignored in", "noise"),
     _p("dataloader-killed", "DataLoader worker", r"DataLoader worker \(pid[ s]", "noise"),
@@ -170,132 +188,175 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("sigterm", "SIGTERM", r"SIGTERM", "noise"),
     # -- facts -----------------------------------------------------------------------------------------------
     _p("vanilla-trace", "VANILLA_MBRIDGE=", r"^\++\s+(?:export\s+)?(?:VALUE_)?VANILLA_MBRIDGE=(\S+)", "fact",
-       fact="vanilla"),
+       fact="vanilla", covered_by="ANILLA_MBRIDGE"),
     _p("vanilla-override", "vanilla_mbridge", r"vanilla_mbridge['\"]?\s*[=:]\s*['\"]?(\w+)", "fact", fact="vanilla"),
-    _p("steps-printed", "Total training steps", r"Total training steps:?\s*(\d+)", "fact", fact="total_steps"),
+    _p("steps-printed", "Total training steps", r"Total training steps:?\s*(\d+)", "fact", fact="total_steps",
+       covered_by="training steps"),
     _p("steps-override", "total_training_steps", r"trainer\.total_training_steps=(\d+)", "fact",
-       fact="override_steps"),
+       fact="override_steps", covered_by="step"),
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
-       fact="trace_steps"),
+       fact="trace_steps", covered_by="TRAIN_STEPS"),
     _p("adapter-header", "PEFT Adapter Information", r"PEFT Adapter Information", "fact", fact="adapter_header",
-       phase="model-built"),
-    _p("adapter-total", "Total parameters", r"Total parameters:\s*([\d,]+)", "fact", fact="adapter_total"),
-    _p("adapter-count", "Adapter parameters", r"Adapter parameters:\s*([\d,]+)", "fact", fact="adapter_count"),
+       phase="model-built", covered_by="arameters"),
+    _p("adapter-total", "Total parameters", r"Total parameters:\s*([\d,]+)", "fact", fact="adapter_total",
+       covered_by="arameters"),
+    _p("adapter-count", "Adapter parameters", r"Adapter parameters:\s*([\d,]+)", "fact", fact="adapter_count",
+       covered_by="arameters"),
     _p("adapter-pct", "Trainable percentage", r"Trainable percentage:\s*([\d.eE+-]+)\s*%", "fact",
-       fact="adapter_pct"),
+       fact="adapter_pct", covered_by="percentage"),
     _p("ckpt-save", "heckpoint", r"[Ss]aving checkpoint to:?\s*(\S+)", "fact", fact="save", phase="checkpoint"),
     _p("ckpt-saved", "heckpoint", r"Checkpoint save completed", "fact", fact="save_done", phase="checkpoint"),
     _p("resume", "Resuming from", r"Resuming from:?\s*(\S*global_step_\d+)", "fact", fact="resume",
        phase="checkpoint", covered_by="step"),
     _p("resume-old", "Load from checkpoint folder", r"Load from checkpoint folder:?\s*(\S+)", "fact",
-       fact="resume", phase="checkpoint"),
+       fact="resume", phase="checkpoint", covered_by="heckpoint"),
     _p("resume-found", "Found checkpoint", r"Found checkpoint:?.*?(\S*global_step_\d+)", "fact",
-       fact="resume_found", phase="checkpoint"),
-    _p("resume-step", "etting global step to", r"[Ss]etting global step to (\d+)", "fact", fact="resume_step"),
+       fact="resume_found", phase="checkpoint", covered_by="heckpoint"),
+    _p("resume-step", "etting global step to", r"[Ss]etting global step to (\d+)", "fact", fact="resume_step",
+       covered_by="step"),
     _p("fresh", "from scratch", r"Training from scratch", "fact", fact="fresh"),
     _p("fresh-tracker", "heckpoint tracker file does not exist",
-       r"[Cc]heckpoint tracker file does not exist", "fact", fact="fresh"),
+       r"[Cc]heckpoint tracker file does not exist", "fact", fact="fresh", covered_by="heckpoint"),
     _p("bridge-path", "megatron/bridge", r"(/[^\s'\"():,]*?/megatron/bridge)\b", "fact", fact="bridge_path"),
-    _p("progress-bar", "Training Progress", r"^Training Progress:\s*(\d+)%", "fact", fact="progress",
-       phase="training"),
+    _p("progress-bar", "Training Progress", r"^Training Progress:\s*(\d+)%[^|]*\|[^|]*\|\s*(\d+)/(\d+)", "fact",
+       fact="progress"),
+    _p("final-validation", "Final validation", r"Final validation metrics", "fact", fact="final_validation"),
+    _p("wandb-global-step", "wandb:", r"^wandb:\s+training/global_step\s+(\d+)\s*$", "fact", fact="wandb_step",
+       covered_by="step"),
     # -- settings the report lists as limitations (seen in the traced command line) ---------------------------
     _p("lim-no-rm", "reward_model.enable=False", r"reward_model\.enable=False", "limitation",
        limitation="reward model disabled (rule reward): reward-model serving not tested",
-       covered_by="mbridge"),
+       covered_by="reward_model.enable"),
     _p("lim-eager", "enforce_eager=True", r"enforce_eager=True", "limitation",
        limitation="actor_rollout_ref.rollout.enforce_eager=True: vLLM CUDA-graph capture not exercised",
-       covered_by="mbridge"),
+       covered_by="enforce_eager"),
     _p("lim-profiler", "global_profiler.tool=null", r"global_profiler\.tool=null", "limitation",
-       limitation="global_profiler.tool=null (no nsys)",
-       covered_by="mbridge"),
+       limitation="global_profiler.tool=null (no nsys)", covered_by="global_profiler"),
     _p("lim-fusion", "gradient_accumulation_fusion=False", r"gradient_accumulation_fusion=False", "limitation",
        limitation="gradient_accumulation_fusion=False overrides (Apex fused kernel not used)",
-       covered_by="mbridge"),
+       covered_by="gradient_accumulation_fusion"),
     _p("lim-dummy", "USE_DUMMY_MODEL=", r"^\++\s+(?:export\s+)?USE_DUMMY_MODEL=True", "limitation",
-       limitation="dummy model: validates construction and mechanics, not pretrained-weight compatibility"),
+       limitation="dummy model: validates construction and mechanics, not pretrained-weight compatibility",
+       covered_by="USE_DUMMY_MODEL"),
     # -- phase markers ---------------------------------------------------------------------------------------
-    _p("hydra-job", "Error executing job", r"Error executing job with overrides", "marker", phase=None),
-    _p("enable-lora", "Enabling LORA", r"Enabling LORA with rank", "marker", phase="model-build"),
+    _p("hydra-job", "Error executing job", r"Error executing job with overrides", "marker", phase=None,
+       covered_by="rror"),
+    _p("enable-lora", "Enabling LORA", r"Enabling LORA with rank", "marker", phase="model-build", covered_by="LORA"),
     _p("autobridge", "Bridge", r"AutoBridge|Megatron-Bridge provider|from_hf_pretrained", "marker",
        phase="model-build"),
     _p("hf-loaded", "Loaded HF model checkpoint", r"Loaded HF model checkpoint from .* with bridge", "marker",
-       phase="model-built"),
+       phase="model-built", covered_by="heckpoint"),
+    _p("resume-load", "heckpoint", r"Loaded (?:HF model|optimizer) checkpoint from", "marker", phase="checkpoint"),
     _p("megatron-params", "number of parameters on", r"number of parameters on \(tensor, pipeline\)", "marker",
-       phase="model-built"),
+       phase="model-built", covered_by="arameters"),
     _p("vllm-engine-up", "LLM engine", r"Initializing an? (?:V1 )?LLM engine", "marker", phase="rollout-up"),
-    # -- specific error causes (first match names the cause) ---------------------------------------------------
+    # -- named causes: positive environment evidence (Blocked) ---------------------------------------------------
     _p("worker-no-bridge", "No module named", r"No module named 'megatron\.bridge'", "error",
-       category="env-ray-import", result="blocked", covered_by="rror"),
-    _p("bridge-not-found", "Megatron-Bridge package not found", r"Megatron-Bridge package not found", "error",
        category="env-ray-import", result="blocked"),
+    _p("bridge-not-found", "Megatron-Bridge package not found", r"Megatron-Bridge package not found", "error",
+       category="env-ray-import", result="blocked", covered_by="Bridge"),
     _p("bridge-submodule", "No module named", r"No module named 'megatron\.bridge\.[\w.]+'", "error",
        category="provider", result="fail",
        hint="The Bridge checkout lacks a module that verl or the provider imports: check the provider's module "
-            "path and registration at this Bridge commit.", covered_by="rror"),
+            "path and registration at this Bridge commit."),
     _p("energon", "No module named", r"No module named 'megatron\.energon", "error", category="env-dependency",
        result="blocked",
        hint="megatron.energon is missing (Bridge imports it on verl's model-build path): install megatron-energon "
-            "in the run's Python. The model was not built yet: a dependency, not a provider bug.", covered_by="rror"),
+            "in the run's Python. The model was not built yet: a dependency, not a provider bug."),
     _p("megatron-core", "No module named", r"No module named 'megatron\.core", "error", category="env-dependency",
        result="blocked",
-       hint="megatron.core is not importable: PYTHONPATH must hold $BRIDGE_REPO/3rdparty/Megatron-LM.", covered_by="rror"),
+       hint="megatron.core is not importable: PYTHONPATH must hold $BRIDGE_REPO/3rdparty/Megatron-LM."),
     _p("modelopt", "No module named", r"No module named 'modelopt", "error", category="env-dependency",
-       result="blocked", hint="nvidia-modelopt is missing: run `invoke install-modelopt` (container setup).", covered_by="rror"),
+       result="blocked", hint="nvidia-modelopt is missing: run `invoke install-modelopt` (container setup)."),
+    _p("pulp", "No module named", r"No module named 'pulp'", "error", category="env-dependency", result="blocked",
+       hint="modelopt's dependency pulp is missing (checkpoint save imports modelopt): install nvidia-modelopt "
+            "with its dependencies (`pip install nvidia-modelopt` without --no-deps) in the run's Python."),
     _p("flash-attn", "No module named", r"No module named 'flash_attn", "error", category="env-dependency",
-       result="blocked",
-       hint="flash-attn is missing: add ...megatron.override_transformer_config.attention_backend=fused (cuDNN).", covered_by="rror"),
+       result="blocked", hint=H_ATTENTION),
+    _p("te-attention", "dot product attention", r"No dot product attention backend is available", "error",
+       category="env-dependency", result="blocked", hint=H_ATTENTION),
     _p("apex-fusion", "fused_weight_gradient_mlp_cuda", r"fused_weight_gradient_mlp_cuda", "error",
        category="env-dependency", result="blocked", hint=H_APEX, covered_by="rror"),
-    _p("module-missing", "No module named", r"No module named '?([\w.]+)", "error", category="env-dependency",
-       result="blocked", covered_by="rror"),
-    _p("shared-object", "cannot open shared object file", r"cannot open shared object file", "error",
+    _p("module-missing", "No module named",
+       r"(?:^|Error(?:\(\w+\))?: .*)No module named '?([\w.]+)", "error", category="env-dependency",
+       result="blocked"),
+    _p("worker-module-missing", "RayTaskError(ModuleNotFoundError)", r"RayTaskError\(ModuleNotFoundError\)", "error",
+       category="env-ray-import", result="blocked", covered_by="rror"),
+    _p("shared-object", "shared object", r"cannot open shared object file", "error",
        category="env-dependency", result="blocked", covered_by="rror"),
+    _p("undefined-symbol", "undefined symbol", r"\.so[\w.]*: undefined symbol: \w+", "error",
+       category="env-dependency", result="blocked", covered_by="rror",
+       hint="A compiled extension does not match the installed torch/CUDA (undefined symbol): reinstall it for "
+            "this environment."),
+    _p("cuda-symbol", "Cannot load symbol", r"Cannot load symbol \w+", "error", category="env-dependency",
+       result="blocked", hint="A CUDA library does not match the installed driver/toolkit (a symbol cannot be "
+       "loaded): fix the image's CUDA libraries."),
     _p("bridge-import-name", "cannot import name", r"cannot import name '\w+' from 'megatron\.bridge", "error",
        category="provider", result="fail",
-       hint="verl imports a name this Bridge checkout does not have (API drift between verl and Bridge).", covered_by="rror"),
+       hint="verl imports a name this Bridge checkout does not have (API drift between verl and Bridge).",
+       covered_by="rror"),
     _p("import-name", "cannot import name", r"cannot import name '\w+' from", "error", category="env-dependency",
        result="blocked", covered_by="rror"),
-    _p("hydra-override", "Could not override", r"Could not override '([^']+)'", "error", category="env-dependency",
+    _p("hydra-override", "Could not override", r"Could not override '([^']+)'", "error", category="config",
        result="blocked", hint=H_RELEASE),
-    _p("hydra-struct", "is not in struct", r"Key '[^']+' is not in struct", "error", category="env-dependency",
-       result="blocked", hint=H_RELEASE),
+    _p("hydra-struct", "is not in struct", r"Key '[^']+' is not in struct", "error", category="config",
+       result="blocked", hint=H_RELEASE, covered_by="not in struct"),
     _p("rocr", "ROCR_VISIBLE_DEVICES", r"ROCR_VISIBLE_DEVICES", "error", category="env-visible-devices",
-       result="blocked"),
+       result="blocked", covered_by="VISIBLE_DEVICES"),
     _p("visible-devices", "VISIBLE_DEVICES",
-       r"(?:HIP|CUDA)_VISIBLE_DEVICES.*(?:same|mismatch|must|inconsistent|consistent)", "error",
+       r"(?:HIP|CUDA)_VISIBLE_DEVICES.*(?:same|mismatch|must|inconsist[ae]n|consistent)", "error",
        category="env-visible-devices", result="blocked"),
     _p("no-gpus", "available GPUs", r"Total available GPUs \d+ is less than total desired", "error",
        category="env-no-gpu", result="blocked"),
     _p("no-cuda-gpus", "CUDA", r"No CUDA GPUs are available|no CUDA-capable device|CUDA driver version is "
        r"insufficient|Found no NVIDIA driver", "error", category="env-no-gpu", result="blocked", covered_by="rror"),
     _p("ray-unschedulable", "cannot be scheduled", r"resource request cannot be scheduled", "error",
-       category="env-no-gpu", result="blocked", specific=False),
+       category="env-no-gpu", result="blocked"),
     _p("disk-full", "No space", r"No space left on device", "error", category="env-disk", result="blocked"),
-    _p("disk-quota", "quota exceeded", r"[Dd]isk quota exceeded", "error", category="env-disk", result="blocked", covered_by="rror"),
+    _p("disk-quota", "quota exceeded", r"[Dd]isk quota exceeded", "error", category="env-disk", result="blocked",
+       covered_by="rror"),
     _p("data-parquet", "parquet", r"(?:FileNotFoundError|No such file or directory|does not exist).*\.parquet",
        "error", category="data", result="blocked", covered_by="rror"),
     _p("data-arrow", "Arrow", r"(?:pyarrow\.lib\.)?Arrow(?:Invalid|IOError|TypeError)", "error", category="data",
-       result="blocked"),
+       result="blocked", covered_by="rror"),
     _p("data-column", "KeyError", r"KeyError: '(?:prompt|reward_model|data_source|ground_truth|extra_info)'",
-       "error", category="data", result="blocked"),
+       "error", category="data", result="blocked", covered_by="rror"),
     _p("rm-missing", "eward", r"(?i)^(?=.*(?:reward|rm_model))(?=.*(?:does not appear to have|No such file|"
        r"not a local folder|Incorrect path_or_model_id|Can't load|not found))", "error", category="reward-model",
        result="blocked", covered_by="rror"),
-    _p("cuda-oom", "out of memory", r"out of memory", "error", category="oom", result="by-phase"),
-    _p("oom-error", "OutOfMemoryError", r"OutOfMemoryError", "error", category="oom", result="by-phase"),
-    _p("ray-oom", "low on memory", r"running low on memory", "error", category="oom", result="by-phase"),
-    _p("nccl-watchdog", "Watchdog", r"Watchdog caught collective operation timeout", "error", category="nccl",
-       result="by-phase"),
-    _p("nccl-error", "rror", r"NCCL error|nccl\w*Error|DistBackendError", "error", category="nccl",
-       result="by-phase"),
-    _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="nccl",
-       result="by-phase"),
+    _p("model-missing", "rror", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
+       r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id", "error",
+       category="data", result="blocked",
+       hint="The model path does not hold a Hugging Face model (config.json): check MODEL_PATH "
+            "(`invoke download-model`)."),
+    _p("ray-init", "GCS", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
+       r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
+       category="env-ray-import", result="blocked", covered_by="imed"),
+    _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
+       result="blocked"),
+    # -- named causes that fail the run ------------------------------------------------------------------------
+    _p("cuda-oom", "out of memory", r"out of memory", "error", category="oom", result="fail", covered_by="emory"),
+    _p("oom-error", "OutOfMemoryError", r"OutOfMemoryError", "error", category="oom", result="fail",
+       covered_by="rror"),
+    _p("ray-oom", "low on memory", r"running low on memory", "error", category="oom", result="fail",
+       covered_by="emory"),
+    _p("hang-watchdog", "Watchdog", r"Watchdog caught collective operation timeout", "error", category="hang",
+       result="fail"),
+    _p("hang-store", "imeout", r"TCPStore.*(?:timeout|[Tt]imed out)|DistStoreError|throwTimeoutError|"
+       r"Timed out (?:after|waiting) .*(?:rendezvous|store|init_process_group)", "error", category="hang",
+       result="fail", covered_by="imeout"),
+    _p("nccl-error", "rror", r"NCCL error|nccl\w*Error|DistBackendError", "error", category="nccl", result="fail"),
+    _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
+       result="fail", covered_by="imeout"),
     _p("grad-nan", "NaN", r"found NaN in local grad norm|NaN or Inf found|[Ll]oss is NaN", "error",
        category="nan-metrics", result="fail"),
     _p("unexpected-nan", "Unexpected result", r"Unexpected result (?:nan|inf)", "error", category="nan-metrics",
        result="fail", covered_by="rror"),
     _p("vllm-engine", "Engine", r"EngineCore failed to start|Engine core initialization failed|"
-       r"(?:AsyncEngineDead|EngineDead|EngineGenerate)Error", "error", category="rollout", result="by-phase", covered_by="rror"),
+       r"(?:AsyncEngineDead|EngineDead|EngineGenerate)Error", "error", category="rollout", result="fail",
+       covered_by="rror"),
+    _p("rollout-loop", "rror", r"(?:vLLM|SGLang|sglang)\w* \w+ error|vLLMAsyncRollout.*error", "error",
+       category="rollout", result="fail"),
     _p("dist-ckpt", "heckpoint", r"CheckpointingException|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)", "error",
        category="checkpoint", result="fail"),
     _p("state-dict", "state_dict", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for", "error",
@@ -307,42 +368,70 @@ PATTERNS: tuple[Pattern, ...] = (
        category="provider", result="fail", hint=H_PARALLEL, covered_by="rror"),
     _p("lora-target", "arget", r"(?i)target[_ ]modules?.*(?:not found|no match|did not match|not present|"
        r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror"),
-    _p("ray-init", "Ray", r"Failed to connect to GCS|Could not find any running Ray instance|"
-       r"Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error", category="unknown",
-       result="blocked", hint="Ray could not start or connect: fix the Ray cluster setup (not a provider failure).", covered_by="rror"),
+    _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|ConfigCompositionException|ConfigKeyError|"
+       r"ConfigAttributeError", "error", category="config", result="fail", covered_by="rror"),
+    _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
+       result="fail", covered_by="rror"),
+    _p("actor-died", "ActorDiedError", r"ActorDiedError(?!: The actor died because of an error raised in its "
+       r"creation task)|The actor died unexpectedly", "error",
+       category="actor-died", result="fail", covered_by="rror"),
     _p("worker-died", "illed", r"A worker died or was killed|(?<!\w)Killed(?!\w)|killed by signal", "error",
-       category="unknown", result="by-phase", specific=False),
-    _p("actor-died", "ActorDiedError", r"ActorDiedError", "error", category="unknown", result="by-phase",
-       specific=False),
-    _p("segfault", "Segmentation", r"Segmentation fault", "error", category="unknown", result="by-phase",
-       specific=False),
-    _p("core-dumped", "core dumped", r"core dumped", "error", category="unknown", result="by-phase",
-       specific=False),
-    _p("hydra-full-error", "HYDRA_FULL_ERROR", r"HYDRA_FULL_ERROR", "ignore"),
-    _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
-       result="blocked"),
+       category="actor-died", result="fail", specific=False),
+    _p("segfault", "Segmentation", r"Segmentation fault|SIGSEGV|SIGABRT", "error", category="actor-died",
+       result="fail", specific=False, covered_by="Segmentation"),
+    _p("core-dumped", "core dumped", r"core dumped", "error", category="actor-died", result="fail", specific=False),
+    _p("hydra-full-error", "HYDRA_FULL_ERROR", r"HYDRA_FULL_ERROR", "ignore", covered_by="rror"),
     # -- generic shapes ----------------------------------------------------------------------------------------
-    _p("traceback", "Traceback", r"^Traceback \(most recent call last\)", "traceback"),
+    _p("traceback", "Traceback", r"^(?:Original )?Traceback \(most recent call last\)", "traceback"),
     _p("exception-line", "", r"^(?:[\w.]+\.)?(?P<exc>\w*(?:Error|Exception|Exit|Interrupt|Invalid))"
        r"(?:\((?P<inner>\w+)\))?(?::\s(?P<msg>.*)|\s*$)", "exception"),
 )
 
-# `ray::WorkerDict.actor_rollout_init_model()` etc.: the remote method tells the phase a nested error came from.
-RAY_WRAPPER_RE = re.compile(r"RayTaskError(?:\(([\w.]+)\))?: ray::([\w.]+)\(\)")
+# The raylet's explanation of a dead worker: the cause `actor-died` names.
+ACTOR_DEATH_CAUSES = (
+    (re.compile(r"OOM killer|oom-kill|out of memory|low on memory|memory limit|exceeded .*memory", re.I), "memory"),
+    (re.compile(r"node .*(?:dead|lost|died|removed)|NodeDiedError|node failure", re.I), "node lost"),
+    (re.compile(r"SIGKILL|Killed|killed by signal 9", re.I), "killed (SIGKILL)"),
+    (re.compile(r"SIGSEGV|Segmentation fault|SIGABRT|core dumped", re.I), "native crash"),
+)
+
+# `ray::WorkerDict.actor_rollout_init_model()` etc. in RayTaskError, "Unhandled error" and creation-task lines: the
+# remote method tells the phase a nested error came from.
+RAY_WRAPPER_RE = re.compile(
+    r"(?:RayTaskError(?:\((?P<inner>[\w.]+)\))?|Unhandled error \([^)]*\)|Exception raised in creation task|"
+    r"error raised in its creation task)"
+    r".*?ray::(?:\w*?:\d+:)?(?P<method>[\w.]+)\(\)"
+)
 METHOD_PHASES = (
     (re.compile(r"__init__"), "ray-up"),
     (re.compile(r"init_model|build_model|_build_"), "model-build"),
-    (re.compile(r"generate_sequences|vLLM|AgentLoop|launch_server|sglang"), "rollout-up"),
+    (re.compile(r"generate_sequences|vLLM|AgentLoop|launch_server|sglang|rollout_mode"), "rollout-up"),
     (re.compile(r"save_checkpoint|load_checkpoint|checkpoint", re.I), "checkpoint"),
     (re.compile(r"update_actor|update_critic|compute_|train"), "training"),
+)
+# Wrapped exception types that name a category by themselves.
+WRAPPED_CATEGORIES = {
+    "ActorDiedError": "actor-died", "OutOfMemoryError": "oom", "DistBackendError": "nccl",
+    "DistStoreError": "hang", "ModuleNotFoundError": "env-ray-import",
+}
+# A traceback frame's file tells the code area an exception came from (innermost classified frame wins).
+FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+""")
+FRAME_AREAS = (
+    (re.compile(r"dist_checkpointing|/utils/checkpoint/|checkpoint_manager|checkpointing\.py|model_merger"),
+     "checkpoint"),
+    (re.compile(r"/megatron/bridge/|/mbridge/|/models/mcore/"), "provider"),
+    (re.compile(r"/megatron/core/"), "megatron-core"),
+    (re.compile(r"vllm|sglang|/rollout/"), "rollout"),
+    (re.compile(r"/utils/dataset/|rl_dataset|sft_dataset"), "data"),
+    (re.compile(r"reward_manager|reward_score|/reward/|reward_model"), "reward-model"),
 )
 # A nested failure in a rollout server (vLLM) names the rollout category when the innermost line is generic.
 ROLLOUT_SOURCE_RE = re.compile(r"vLLM|EngineCore|AgentLoop|sglang|generate_sequences|launch_server")
 
 # Step metric keys whose non-finite values fail a run (SPEC level 5; any level for nan-metrics).
 CORE_METRIC_RE = re.compile(
-    r"(?:^|/)(?:pg_loss|vf_loss|kl_loss|ppo_kl|kl|entropy|grad_norm|score/mean|rewards/mean|"
-    r"log_prob\w*|old_log_prob\w*|ref_log_prob\w*)"
+    r"(?:^|/)(?:pg_loss|vf_loss|kl_loss|ppo_kl|kl|entropy|entropy_loss|grad_norm|score/mean|rewards/mean|"
+    r"log_prob\w*|old_log_prob\w*|ref_log_prob\w*|vpred_mean)"
 )
 
 

@@ -1,8 +1,15 @@
-"""The verdict engine: reads a verl log (streamed) and says Pass / Fail / Blocked, with category and evidence.
+"""The verdict engine: reads a verl log (streamed, every line) and gives two answers, both in the JSON and the report.
+
+1. The run, from the log alone: did verl's training finish its steps without a fatal error? Pass / Fail / Blocked
+   with a category, the first error line and a triage hint. Blocked only on positive evidence that the environment
+   stopped the run (patterns with result "blocked"); any other error is Fail with its category.
+2. The level's criteria (when a level is given): the wrapper's own `VANILLA_MBRIDGE=False`, no Bridge file outside
+   the local checkout, the expected steps, exit 0 - each Pass / Fail / not shown. The level's result is Pass only
+   when the run and every criterion passed.
 
 Contract used by the rest of the tool (level runner, reports, `invoke judge`):
 
-    judge_log(path, *, level=None, steps_expected=None, exit_code=None, termination=None) -> Verdict
+    judge_log(path, *, level=None, steps_expected=None, exit_code=None, termination=None, bridge_src=None) -> Verdict
 
 `termination` is what the launcher knows and the log cannot: None (the wrapper ended by itself),
 "interrupted" (our process got SIGINT/SIGTERM and stopped the wrapper) or "timeout" (stall timeout).
@@ -21,45 +28,57 @@ from typing import Any
 
 from sessions.logstream import LogLine, ScanStats, join_wrapped, normalise, scan_file, step_line_match
 from sessions.patterns import (
+    ACTOR_DEATH_CAUSES,
     CATEGORY_HINTS,
+    COMPLETE_BAR_NEEDLE,
     CORE_METRIC_RE,
     FOLLOW_UPS,
+    FRAME_AREAS,
+    FRAME_RE,
     H_LORA,
     LAST_ONLY_NEEDLE,
     METHOD_PHASES,
     RAY_WRAPPER_RE,
     ROLLOUT_SOURCE_RE,
-    SCAN_NEEDLES_EARLY,
-    SCAN_NEEDLES_FULL,
-    SCAN_NEEDLES_MIDDLE,
-    TRACEBACK_NEEDLE,
+    SCAN_NEEDLES,
+    WRAPPED_CATEGORIES,
     Pattern,
     compiled,
 )
 
 RESULTS = ("Pass", "Fail", "Blocked")
 CATEGORIES = (
-    "success", "provider", "checkpoint", "nan-metrics", "oom", "nccl", "rollout", "data", "reward-model",
-    "env-ray-import", "env-visible-devices", "env-no-gpu", "env-disk", "env-dependency", "wrong-bridge",
-    "timeout", "interrupted", "unknown",
+    "success", "provider", "checkpoint", "nan-metrics", "oom", "nccl", "actor-died", "hang", "rollout", "data",
+    "reward-model", "config", "env-ray-import", "env-visible-devices", "env-no-gpu", "env-disk", "env-dependency",
+    "wrong-bridge", "interrupted", "unknown",
 )
 PHASES = ("launch", "ray-up", "model-build", "model-built", "rollout-up", "training", "checkpoint", "shutdown")
+CRITERION_STATUSES = ("Pass", "Fail", "not shown")
+NOT_SHOWN = "not shown"
+
+
+@dataclass
+class Criterion:
+    name: str
+    status: str  # one of CRITERION_STATUSES
+    detail: str
 
 
 @dataclass
 class Verdict:
+    # -- answer 1: the run, from the log alone --------------------------------------------------------------------
     result: str  # one of RESULTS
     category: str  # one of CATEGORIES
     phase: str  # phase in which the first fatal error happened, else the last phase reached
     steps_completed: int = 0  # highest N of a `step:N` metrics line (training steps, step:0 excluded)
     steps_expected: int | None = None
     vanilla_mbridge: str | None = None  # "False"/"True" as the wrapper's own trace printed it; None if unseen
-    first_error: str | None = None  # the innermost relevant error line, normalised
+    first_error: str | None = None  # the relevant error line, normalised (or what the log lacks)
     key_lines: list[str] = field(default_factory=list)  # evidence lines for the report
     limitations: list[str] = field(default_factory=list)
     follow_ups: list[str] = field(default_factory=list)
     hint: str | None = None  # triage hint of the category / pattern
-    residual_noise: list[str] = field(default_factory=list)  # shutdown noise after the last step (not failing)
+    residual_noise: list[str] = field(default_factory=list)  # shutdown noise after the run completed (not failing)
     exit_code: int | None = None
     termination: str | None = None
     # facts for level rules (level 1 checkpoints, level 5 metrics)
@@ -72,10 +91,14 @@ class Verdict:
     # limitations read from settings in the log (pattern needle -> text), so a caller that applied the setting
     # itself and already said why can leave the log's restatement out
     setting_limitations: dict[str, str] = field(default_factory=dict)
-    # added by the verdict engine (issue 7)
     summary: str = ""  # one sentence after "Result: <result> - " in the report
     level: int | None = None
     nan_metrics: list[str] = field(default_factory=list)  # "step N: key=value" for non-finite core metrics
+    # -- answer 2: the level's criteria (only when a level was given) -----------------------------------------
+    criteria: list[Criterion] = field(default_factory=list)
+    level_result: str | None = None  # Pass only when the run and every criterion passed
+    level_category: str | None = None
+    level_summary: str = ""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -86,8 +109,18 @@ class Verdict:
     def from_json(cls, data: dict[str, Any]) -> Verdict:
         data = dict(data)
         data["step_metrics"] = {int(k): v for k, v in (data.get("step_metrics") or {}).items()}
+        data["criteria"] = [Criterion(**c) for c in data.get("criteria") or []]
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def final_result(self) -> str:
+        """The level's result when a level was judged, else the run's."""
+        return self.level_result or self.result
+
+    @property
+    def final_category(self) -> str:
+        return self.level_category or self.category
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -98,23 +131,27 @@ PHASE_INDEX = {name: i for i, name in enumerate(PHASES)}
 EXIT_BY_RESULT = {"Pass": 0, "Fail": 1, "Blocked": 3}
 EXIT_BAD_USAGE = 2
 
-MAX_EVENTS = 400  # latest error events kept (the decisive ones are the latest: after the last progress)
+MAX_EVENTS = 400  # error events kept after the last progress (a long error storm keeps its first ones)
 MAX_NOISE = 20
 MAX_BRIDGE_PATHS = 20
+MAX_FRAMES = 64  # traceback frames remembered per source
 METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
+BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
+LOG_ERROR_RE = re.compile(r"^(?:ERROR[ :]|\[?E\d{4} |\[ERROR\]|\S+ ERROR |\w+ \d+ [\d:]+ ERROR )")
 NP_NUMBER_RE = re.compile(r"^np\.\w+\((.*)\)$")
 OPTIONAL_MODULE_RE = re.compile(
-    r"No module named '(?:torchtitan|mindspeed|torch_npu|liger_kernel|deep_gemm|deep_ep|flashinfer)"
+    r"No module named '(?:torchtitan|mindspeed|torch_npu|liger_kernel|deep_gemm|deep_ep|flashinfer|veomni|"
+    r"nemo_automodel|vllm\._\w+)"
 )
-ALL_NEEDLES = SCAN_NEEDLES_FULL + SCAN_NEEDLES_EARLY + (LAST_ONLY_NEEDLE,)
-FULL_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_FULL + SCAN_NEEDLES_EARLY)
-MIDDLE_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_MIDDLE)
-EARLY_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES_EARLY)
+ALL_NEEDLES = SCAN_NEEDLES + (LAST_ONLY_NEEDLE, COMPLETE_BAR_NEEDLE)
+SCAN_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES + (COMPLETE_BAR_NEEDLE,))
 TABLE = compiled()
+BLOCKED_EVIDENCE = "blocked"
+ANY_SOURCE = "*"  # key of the latest frame area of any source (pasted excerpts lose prefixes)
 
 
 def parse_metrics(rest: str) -> dict[str, float]:
@@ -143,13 +180,20 @@ class _ErrorEvent:
     text: str
     pattern: Pattern | None  # None: a generic exception line
     phase: str
-    progress: int  # progress counter when seen: later progress means the run survived it
+    step: int  # highest step when seen: a later, higher step line means the run survived it
     noise: bool = False
-    wrapper_method: str | None = None  # `RayTaskError(X): ray::Actor.method()` lines
+    wrapper_method: str | None = None  # `RayTaskError(X): ray::Actor.method()` and similar lines
+    wrapped: str | None = None  # the X of RayTaskError(X)
+    area: str | None = None  # code area of the innermost classified traceback frame before this line
+    log_error: bool = False  # a logger's ERROR line (not an exception): a cause only when nothing better exists
 
     @property
     def specific(self) -> bool:
         return self.pattern is not None and self.pattern.specific
+
+    @property
+    def blocked(self) -> bool:
+        return self.pattern is not None and self.pattern.result == BLOCKED_EVIDENCE
 
     def shown(self) -> str:
         prefix = f"({self.source}) " if self.source else ""
@@ -164,6 +208,11 @@ def _shorten(text: str, limit: int = MAX_LINE_SHOWN) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _frame_area(path: str) -> str | None:
+    for area_re, area in FRAME_AREAS:
+        if area_re.search(path):
+            return area
+    return None
 class _Judge:
     def __init__(self, level, steps_expected, exit_code, termination, bridge_src):
         self.level = level
@@ -174,14 +223,17 @@ class _Judge:
         self.seq = 0
         self.phase = "launch"  # current activity
         self.reached = 0  # index of the furthest phase reached
-        self.progress = 0
         self.max_step = 0
-        self.last_step_seq = 0
+        self.progress_seq = 0  # seq of the last evidence that training went on (a new step, completion markers)
         self.metrics_head: dict[int, dict[str, float]] = {}
-        self.metrics_tail: deque[tuple[int, str]] = deque(maxlen=METRICS_TAIL_STEPS)
+        self.metrics_tail: deque[tuple[int, str | bytes]] = deque(maxlen=METRICS_TAIL_STEPS)
         self.metrics_dropped = 0
         self.nan_findings: list[str] = []
-        self.expected: dict[str, int] = {}  # source ("printed", "override", "trace") -> steps
+        self.expected: dict[str, int] = {}  # source ("printed", "override", "trace", "bar") -> steps
+        self.bar: tuple[int, int] | None = None  # last Training Progress bar (n, total)
+        self.bar_complete = False  # a bar at n == total
+        self.final_validation = False
+        self.wandb_step: int | None = None
         self.vanilla_values: list[str] = []
         self.adapter: dict[str, Any] = {}
         self.adapter_header = False
@@ -193,20 +245,16 @@ class _Judge:
         self.limitations: dict[str, None] = {}
         self.setting_limitations: dict[str, str] = {}
         self.key_lines: dict[str, str] = {}
-        self.events: deque[_ErrorEvent] = deque(maxlen=MAX_EVENTS)
-        self.first_event_since_progress: _ErrorEvent | None = None
+        self.events: list[_ErrorEvent] = []  # error events since the last progress (the first MAX_EVENTS)
+        self.events_dropped = 0
+        self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
+        self.death_causes: list[str] = []
+        self.open_traceback: LogLine | None = None  # first frame of a traceback whose exception line is not seen yet
         self.noise_after_last_step: list[str] = []
         self.last_step_line: str | bytes | None = None
-        self.sampled_middle = False
 
     # -- input ---------------------------------------------------------------------------------------------
-    def middle_needles(self) -> tuple[bytes, ...]:
-        """Needles for the middle of a big log: steps, saves, tracebacks, plus launch/build facts until training."""
-        if self.reached >= PHASE_INDEX["training"]:
-            return MIDDLE_NEEDLES_BYTES
-        return MIDDLE_NEEDLES_BYTES + EARLY_NEEDLES_BYTES
-
     def feed(self, raw: str) -> None:
         for line in normalise(raw):
             self._line(line)
@@ -220,7 +268,7 @@ class _Judge:
                 if self.reached < PHASE_INDEX["ray-up"] and raw.startswith((b"(", b"\x1b")):
                     self._advance("ray-up")
                 rest = raw[match.end() :]
-                self._step(int(match.group(1)), rest[: rest.find(b"\r")] if b"\r" in rest else rest, raw)
+                self._step(int(match.group(1)), rest, raw)
                 return
         self.feed(raw.decode("utf-8", "replace"))
 
@@ -230,10 +278,21 @@ class _Judge:
         if line.source is not None and self.reached < PHASE_INDEX["ray-up"]:
             self._advance("ray-up")
         if "step:" in text:
-            match = STEP_RE.search(text)
+            match = STEP_RE.search(text) or BARE_STEP_RE.match(text)
             if match:
-                self._step(int(match.group(1)), match.group(2), text)
+                self._step(int(match.group(1)), match.group(2) if match.re is STEP_RE else "", text)
                 return
+        stripped = text.lstrip()
+        if stripped.startswith("File \""):
+            frame = FRAME_RE.match(stripped)
+            if frame:
+                area = _frame_area(frame.group(1))
+                if area:
+                    self.areas[line.source] = self.areas[ANY_SOURCE] = area
+                if self.open_traceback is None:
+                    self.open_traceback = line
+                if "megatron/bridge" not in text:
+                    return
         ignored = noise = False
         error_pattern: Pattern | None = None
         generic = False
@@ -254,8 +313,9 @@ class _Judge:
             elif kind == "marker":
                 if pattern.phase:
                     self._advance(pattern.phase)
-                else:  # Hydra's "Error executing job": the driver is failing
+                else:  # Hydra's "Error executing job": the driver is failing (a cause when nothing else is shown)
                     self._driver_failure()
+                    generic = True
             elif kind == "noise":
                 noise = True
             elif kind == "ignore":
@@ -266,38 +326,52 @@ class _Judge:
             elif kind == "traceback":
                 if line.source is None:
                     self._driver_failure()
+        if line.source == "raylet" or "Worker exit type" in text or "memory" in text:
+            for cause_re, cause in ACTOR_DEATH_CAUSES:
+                if cause_re.search(text) and cause not in self.death_causes:
+                    self.death_causes.append(cause)
         if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             self.noise_after_last_step.append(_shorten(text, 200))
         if ignored or ("No module" in text and OPTIONAL_MODULE_RE.search(text)):
             return
-        if error_pattern is None and not generic:
+        wrapper = RAY_WRAPPER_RE.search(text) if "ray::" in text else None
+        generic = generic or wrapper is not None
+        log_error = not generic and error_pattern is None and LOG_ERROR_RE.match(text) is not None
+        if error_pattern is None and not generic and not log_error:
             return
-        wrapper = RAY_WRAPPER_RE.search(text) if "RayTaskError" in text else None
-        if wrapper and error_pattern is not None and error_pattern.name == "module-missing":
-            error_pattern = None  # the wrapper names the inner type only; the inner line says which module
+        if not noise:
+            self.open_traceback = None  # its exception line is here
+        if wrapper and line.source is None:
+            self._driver_failure()
         event = _ErrorEvent(
-            self.seq, line.source, line.inner, text, error_pattern, self.phase, self.progress, noise,
-            wrapper.group(2) if wrapper else None,
+            self.seq, line.source, line.inner, text, error_pattern, self.phase, self.max_step, noise,
+            wrapper.group("method") if wrapper else None, wrapper.group("inner") if wrapper else None,
+            self.areas.get(line.source), log_error,
         )
-        self.events.append(event)
-        if self.first_event_since_progress is None:
-            self.first_event_since_progress = event
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+        else:
+            self.events_dropped += 1
 
     def _driver_failure(self) -> None:
         if self.driver_failure_seq is None:
             self.driver_failure_seq = self.seq
 
     def _progressed(self) -> None:
-        self.progress += 1
-        self.first_event_since_progress = None
+        """Training went on: every error seen so far was survived."""
+        self.progress_seq = self.seq
+        self.events = []
+        self.events_dropped = 0
+        self.areas = {}
         self.driver_failure_seq = None
+        self.death_causes = []
+        self.open_traceback = None
 
     def _advance(self, phase: str) -> None:
         index = PHASE_INDEX[phase]
         self.phase = phase
         if index > self.reached:
             self.reached = index
-            self._progressed()
 
     def _step(self, step: int, rest: str | bytes, text: str | bytes) -> None:
         """A `step:N - k:v ...` metrics line. `rest`/`text` are bytes on the fast path (decoded only if kept)."""
@@ -305,14 +379,13 @@ class _Judge:
             self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
             self.key_lines.setdefault("validation", _shorten(_text(text), 240))
             return
-        if isinstance(rest, str) and "training/global_step" not in rest and rest.count(":") < 3:
+        if isinstance(rest, str) and rest and "training/global_step" not in rest and rest.count(":") < 2:
             return  # not a metrics line
         self._advance("training")
         if step > self.max_step:
             self.max_step = step
             self._progressed()
         self.phase = "training"
-        self.last_step_seq = self.seq
         self.noise_after_last_step = []
         self.last_step_line = text
         metrics = None
@@ -333,7 +406,6 @@ class _Judge:
         for key, value in metrics.items():
             if not math.isfinite(value) and CORE_METRIC_RE.search(key) and len(self.nan_findings) < 20:
                 self.nan_findings.append(f"step {step}: {key}={value}")
-
     def _fact(self, pattern: Pattern, match: re.Match[str], line: LogLine) -> None:
         fact, text = pattern.fact, line.text
         if pattern.phase:
@@ -366,7 +438,6 @@ class _Judge:
             path = match.group(1).rstrip(".,;:")
             if path not in self.checkpoints_saved:
                 self.checkpoints_saved.append(path)
-                self._progressed()
             self.key_lines["checkpoint_save"] = _shorten(text, 240)
         elif fact == "save_done":
             self.key_lines["checkpoint_done"] = _shorten(text, 240)
@@ -389,7 +460,23 @@ class _Judge:
             if path not in self.bridge_paths and len(self.bridge_paths) < MAX_BRIDGE_PATHS:
                 self.bridge_paths.append(path)
         elif fact == "progress":
+            n, total = int(match.group(2)), int(match.group(3))
+            self.bar = (n, total)
             self.key_lines["progress"] = _shorten(text, 200)
+            if total > 0:
+                if n >= total and not self.bar_complete:
+                    self.bar_complete = True
+                    self._progressed()
+        elif fact == "final_validation":
+            self.final_validation = True
+            self.key_lines["final_validation"] = _shorten(text, 200)
+            self._progressed()
+        elif fact == "wandb_step":
+            step = int(match.group(1))
+            if self.wandb_step is None or step > self.wandb_step:
+                self.wandb_step = step
+                self.key_lines["wandb_step"] = _shorten(text, 200)
+                self._progressed()
 
     # -- decision ------------------------------------------------------------------------------------------
     def _expected_steps(self) -> tuple[int | None, str]:
@@ -409,73 +496,144 @@ class _Judge:
                 wrong.append(path)
         return wrong
 
-    def _failure_events(self) -> list[_ErrorEvent]:
-        """Error events the run did not survive (no progress after them), traceback headers excluded."""
-        return [e for e in self.events if e.progress == self.progress]
+    def _decisive(self, events: list[_ErrorEvent]) -> _ErrorEvent | None:
+        """The event naming the cause among `events` (errors the run did not survive)."""
+        real = [e for e in events if not e.noise]
+        # the first named cause; a wrapper (`RayTaskError(X)`) only when its inner line names none, an interrupt
+        # only when nothing else is named
+        specific = sorted((e for e in real if e.specific),
+                          key=lambda e: (e.pattern.category == "interrupted", e.wrapper_method is not None, e.seq))
+        if specific:
+            return specific[0]
+        plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method]
+        if plain:  # the first plain exception line: in a Ray chain, the innermost remote exception
+            return plain[0]
+        wrappers = [e for e in real if e.wrapper_method and not e.log_error]
+        if wrappers:
+            return wrappers[-1]
+        other = [e for e in real if e.pattern is not None] or [e for e in real if e.log_error]
+        return other[0] if other else None
 
-    def _decisive(self, events: list[_ErrorEvent]) -> tuple[_ErrorEvent | None, str | None]:
-        """(the event naming the cause, the remote method of the innermost RayTaskError) among `events`."""
-        if not events:
-            return None, None
-        wrappers = [e.wrapper_method for e in events if e.wrapper_method]
-        method = wrappers[-1] if wrappers else None
-        plain = [e for e in events if not e.wrapper_method]
-        driver = []
-        if self.driver_failure_seq is not None:
-            driver = [e for e in plain if e.source is None and e.seq >= self.driver_failure_seq]
-        specific_driver = [e for e in driver if e.specific]
-        if specific_driver:
-            return specific_driver[0], method
-        specific_any = [e for e in plain if e.specific]
-        if specific_any:
-            return specific_any[0], method
-        if driver:
-            return driver[-1], method  # the innermost exception of the driver's traceback
-        generic = [e for e in plain if e.pattern is None] or plain or events
-        return generic[0], method
-
-    def _classify(self, event: _ErrorEvent, method: str | None) -> tuple[str, str, str, str | None]:
+    def _classify(self, event: _ErrorEvent, events: list[_ErrorEvent]) -> tuple[str, str, str, str | None]:
         """-> (result, category, phase, hint) for the decisive error event."""
-        phase = self.first_event_since_progress.phase if self.first_event_since_progress else event.phase
+        methods = [e.wrapper_method for e in events if e.wrapper_method]
+        method = methods[-1] if methods else None
+        phase = event.phase
+        method_phase = None
         if method:
-            for method_re, method_phase in METHOD_PHASES:
+            for method_re, candidate in METHOD_PHASES:
                 if method_re.search(method):
-                    phase = method_phase
+                    phase = method_phase = candidate
                     break
+        if method_phase is not None:
+            building = method_phase in ("ray-up", "model-build")
+        else:
+            building = self.reached < PHASE_INDEX["model-built"]
         pattern = event.pattern
         if pattern is not None and pattern.specific:
-            category, rule, hint = pattern.category, pattern.result, pattern.hint
+            category, hint = pattern.category, pattern.hint
             if category == "provider" and phase == "checkpoint":
                 category, hint = "checkpoint", None
+            result = "Blocked" if pattern.result == BLOCKED_EVIDENCE else "Fail"
+            return result, category, phase, hint
+        wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES]
+        area = event.area or next((e.area for e in reversed(events) if e.area and e.seq <= event.seq), None)
+        hint = pattern.hint if pattern else None
+        if wrapped:
+            category = wrapped[-1]
+        elif area == "megatron-core":
+            category = "provider" if building else "unknown"
+        elif area:
+            category = area
+        elif pattern is not None:  # worker died, native crash: no named cause
+            category = pattern.category
+        elif ROLLOUT_SOURCE_RE.search(" ".join(filter(None, (event.source, event.inner, method)))):
+            category = "rollout"
+        elif phase == "checkpoint":
+            category = "checkpoint"
+        elif phase == "model-build" and re.search(r"(?i)lora|peft|adapter|target_module", event.text):
+            category, hint = "provider", H_LORA
         else:
-            rule, hint = "by-phase", pattern.hint if pattern else None
-            rollout_source = " ".join(filter(None, (event.source, event.inner, method)))
-            if ROLLOUT_SOURCE_RE.search(rollout_source) or phase == "rollout-up" and self.reached < PHASE_INDEX[
-                "training"
-            ]:
-                category = "rollout"
-            elif phase == "checkpoint":
-                category, rule = "checkpoint", "fail"
-            elif phase == "model-build":
-                category, rule = "provider", "fail"
-                if re.search(r"(?i)lora|peft|adapter|target_module", event.text):
-                    hint = H_LORA
-            else:
-                category = "unknown"
-        if rule == "blocked":
-            result = "Blocked"
-        elif rule == "fail":
-            result = "Fail"
+            category = "unknown"
+        if category == "provider" and re.search(r"(?i)lora|peft|adapter|target_module", event.text):
+            hint = H_LORA
+        result = "Blocked" if category == "env-ray-import" else "Fail"
+        return result, category, phase, hint
+
+    def _fatal_after_completion(self, events: list[_ErrorEvent]) -> list[_ErrorEvent]:
+        """Errors after the run completed that still fail it: the driver failing, a dead actor, a named cause."""
+        driver = self.driver_failure_seq
+        return [
+            e for e in events if not e.noise and (
+                (driver is not None and e.source is None and e.seq >= driver) or e.specific
+                or (e.wrapper_method and e.source is None)
+            )
+        ]
+
+    def _criteria(self, verdict: Verdict, vanilla: str | None, wrong_paths: list[str]) -> list[Criterion]:
+        """The level's pass list, each Pass / Fail / not shown (SPEC "The verdict", 2)."""
+        out = []
+        if vanilla == "False":
+            out.append(Criterion("VANILLA_MBRIDGE=False in the wrapper's output", "Pass", self.key_lines["vanilla"]))
+        elif vanilla == "True":
+            out.append(Criterion("VANILLA_MBRIDGE=False in the wrapper's output", "Fail",
+                                 f"the wrapper ran with VANILLA_MBRIDGE=True: {self.key_lines['vanilla']}"))
         else:
-            if category == "rollout":  # before the actor is built: the rollout engine, not the provider
-                result = "Blocked" if self.reached < PHASE_INDEX["model-built"] else "Fail"
-            else:
-                result = "Blocked" if PHASE_INDEX.get(phase, 0) < PHASE_INDEX["model-build"] else "Fail"
-        return result, category, phase, hint or CATEGORY_HINTS.get(category)
+            out.append(Criterion("VANILLA_MBRIDGE=False in the wrapper's output", NOT_SHOWN,
+                                 "neither the wrapper's set -x trace nor its traced command line is in the log"))
+        if wrong_paths:
+            out.append(Criterion("local Bridge imported", "Fail", f"megatron.bridge imported from {wrong_paths[0]}"))
+        elif self.bridge_src:
+            seen = f" ({len(self.bridge_paths)} Bridge path(s) in the log, all under it)" if self.bridge_paths else ""
+            out.append(Criterion("local Bridge imported", "Pass",
+                                 f"no megatron.bridge file outside {self.bridge_src} in the log{seen}"))
+        elif self.bridge_paths:
+            out.append(Criterion("local Bridge imported", "Pass",
+                                 f"megatron.bridge from {self.bridge_paths[0]} (not site-packages)"))
+        else:
+            out.append(Criterion("local Bridge imported", NOT_SHOWN, "the log names no megatron.bridge file"))
+        expected = verdict.steps_expected
+        if expected is None:
+            out.append(Criterion("expected steps completed", NOT_SHOWN,
+                                 f"{verdict.steps_completed} step(s) logged; the expected count is not known"))
+        else:
+            done = max(verdict.steps_completed, self.wandb_step or 0, expected if self.bar_complete else 0)
+            out.append(Criterion("expected steps completed", "Pass" if done >= expected else "Fail",
+                                 f"{done}/{expected} steps"))
+        if self.exit_code is None:
+            out.append(Criterion("exit code 0", NOT_SHOWN, "exit code not given"))
+        else:
+            out.append(Criterion("exit code 0", "Pass" if self.exit_code == 0 else "Fail", f"exit {self.exit_code}"))
+        return out
+
+    def _level_answer(self, verdict: Verdict) -> None:
+        criteria = verdict.criteria
+        failed = [c for c in criteria if c.status == "Fail"]
+        unseen = [c for c in criteria if c.status == NOT_SHOWN]
+        level = f"Level {self.level}"
+        if verdict.result != "Pass":
+            verdict.level_result, verdict.level_category = verdict.result, verdict.category
+            verdict.level_summary = f"{level}: the run did not pass ({verdict.result}, {verdict.category})"
+        elif failed:
+            wrong = [c for c in failed if c.name in ("local Bridge imported", "VANILLA_MBRIDGE=False in the "
+                                                                              "wrapper's output")]
+            verdict.level_result = "Blocked" if wrong else "Fail"
+            verdict.level_category = "wrong-bridge" if wrong else "unknown"
+            verdict.level_summary = f"{level}: criterion failed: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
+        elif unseen:
+            verdict.level_result, verdict.level_category = "Fail", "unknown"
+            verdict.level_summary = f"{level}: the run passed but the log does not show: " + "; ".join(
+                f"{c.name} ({c.detail})" for c in unseen)
+        else:
+            verdict.level_result, verdict.level_category = "Pass", "success"
+            verdict.level_summary = f"{level}: the run passed and every criterion passed"
 
     def finish(self) -> Verdict:
         expected, expected_source = self._expected_steps()
-        complete = self.max_step >= expected if expected else self.max_step >= 1
+        done = max(self.max_step, self.wandb_step or 0)
+        complete = (
+            (done >= expected if expected else done >= 1) or self.bar_complete or self.final_validation
+        )
         vanilla = None
         if self.vanilla_values:
             vanilla = "True" if "True" in self.vanilla_values else "False"
@@ -500,116 +658,109 @@ class _Judge:
             limitations.append(
                 f"step metrics kept for the first {METRICS_HEAD_STEPS} and last {METRICS_TAIL_STEPS} steps only"
             )
-        if self.sampled_middle:
-            limitations.append(
-                "large log: its middle was searched for step, checkpoint and traceback lines only (head and tail "
-                "in full)"
-            )
         if self.exit_code is None and self.termination is None:
             limitations.append("exit code not given: judged from the log alone")
         if expected is None:
-            limitations.append("expected steps unknown (not given, not in the log): completion = one step line")
+            limitations.append("expected steps unknown (not given, not in the log): completion = the steps it shows")
         if self.resume_step is not None and self.resumed_from is None:
             self.resumed_from = f"global_step_{self.resume_step}"
             verdict.resumed_from = self.resumed_from
 
-        failure_events = self._failure_events()
-        decisive, method = self._decisive(failure_events)
-        wrong_paths = self._wrong_bridge_paths()
+        events = self.events
+        if self.open_traceback is not None and len(events) < MAX_EVENTS:  # a traceback cut before its exception
+            line = self.open_traceback
+            events = events + [_ErrorEvent(
+                self.seq + 1, line.source, line.inner, "a traceback without its exception line (the log is cut): "
+                + line.text.strip(), None, self.phase, self.max_step,
+                area=self.areas.get(line.source) or self.areas.get(ANY_SOURCE),
+            )]
+        decisive = self._decisive(events)
+        where = f"step {self.max_step} of {expected}" if expected else f"step {self.max_step}"
+        ends = (f"it ends after {where}" if self.max_step else
+                f"it ends before the first training step (last phase reached: {PHASES[self.reached]})")
         result = category = hint = first_error = None
         phase = verdict.phase
 
         if self.termination == "interrupted":
             result, category = "Blocked", "interrupted"
+            first_error = f"interrupted by the launcher; {ends}"
             limitations.append("run interrupted before it ended: not evidence for or against the Bridge provider")
-        elif wrong_paths or vanilla == "True":
-            result, category = "Blocked", "wrong-bridge"
-            first_error = (
-                f"megatron.bridge imported from {wrong_paths[0]}" if wrong_paths
-                else "VANILLA_MBRIDGE=True: verl used the legacy mbridge path, not Megatron-Bridge"
-            )
-            limitations.append("wrong Bridge path: no result of this run is evidence for the local Bridge change")
-        elif self.termination == "timeout":
-            category = "timeout"
-            result = "Blocked" if self.reached < PHASE_INDEX["model-built"] else "Fail"
-            if decisive is not None:
-                first_error = decisive.shown()
-            limitations.append("stopped by the stall timeout (no new output); the log was kept")
         elif complete:
             phase = "shutdown"
-            late = [e for e in self.events if e.seq > self.last_step_seq]
-            late_real = [e for e in late if not e.noise]
-            late_noise = [e.shown() for e in late if e.noise]
+            fatal = self._fatal_after_completion(events)
+            late_noise = [e.shown() for e in events if e.noise or e not in fatal]
             residual = list(dict.fromkeys(self.noise_after_last_step + late_noise))[:MAX_NOISE]
-            late_driver = [e for e in late_real if e.source is None]
             if self.nan_findings:
                 result, category, phase = "Fail", "nan-metrics", "training"
                 first_error = self.nan_findings[0]
-            elif (self.exit_code not in (None, 0)) or (self.exit_code is None and late_driver):
-                result = "Fail"
-                late_decisive, late_method = self._decisive(late_real)
-                if late_decisive is not None:
-                    _, category, late_phase, hint = self._classify(late_decisive, late_method)
-                    if category == "checkpoint":  # the final save failed: that phase, not shutdown
-                        phase = late_phase
-                    first_error = late_decisive.shown()
-                else:
-                    category = "unknown"
-                    first_error = f"the wrapper exited {self.exit_code} after completing the steps"
-                    hint = "The steps completed but the wrapper failed at the end: check the tail of the log."
-            elif vanilla != "False":
+            elif fatal:
+                late = self._decisive(fatal)
+                result, category, late_phase, hint = self._classify(late, events)
+                result = "Fail" if category not in ("interrupted",) else result
+                if category == "checkpoint":  # the final save failed: that phase, not shutdown
+                    phase = late_phase
+                first_error = late.shown()
+            elif self.exit_code not in (None, 0):
                 result, category = "Fail", "unknown"
-                first_error = "VANILLA_MBRIDGE=False not found in the wrapper's own output"
-                hint = (
-                    "Pass needs the wrapper's set -x trace (+ VANILLA_MBRIDGE=False) or its traced command line "
-                    "(vanilla_mbridge=False) in the log: capture stderr too (2>&1) and run through the wrapper."
-                )
+                first_error = f"the wrapper exited {self.exit_code} after completing the steps"
+                hint = "The steps completed but the wrapper failed at the end: check the tail of the log."
             else:
                 result, category = "Pass", "success"
-                residual.extend(e.shown() for e in late_real if e.shown() not in residual)
-                if late_real:
+                if late_noise:
                     limitations.append("error output after the last step, with the run otherwise complete")
             verdict.residual_noise = residual[:MAX_NOISE]
-            if verdict.residual_noise:
+            if verdict.residual_noise and result == "Pass":
                 limitations.append("shutdown warnings after the last step (residual noise)")
-        elif decisive is not None:
-            result, category, phase, hint = self._classify(decisive, method)
+        elif decisive is not None and self.termination != "timeout":
+            result, category, phase, hint = self._classify(decisive, events)
             first_error = decisive.shown()
+        elif self.termination == "timeout":
+            if decisive is not None and decisive.blocked:
+                result, category, phase, hint = self._classify(decisive, events)
+            else:
+                result, category = "Fail", "hang"
+            first_error = decisive.shown() if decisive is not None else f"no output before the stall timeout; {ends}"
+            limitations.append("stopped by the stall timeout (no new output); the log was kept")
         elif self.nan_findings:
             result, category, phase = "Fail", "nan-metrics", "training"
             first_error = self.nan_findings[0]
         else:
-            phase = PHASES[self.reached]
-            category = "unknown"
-            result = "Blocked" if self.reached < PHASE_INDEX["model-build"] else "Fail"
+            result, category, phase = "Fail", "unknown", PHASES[self.reached]
             if self.exit_code == 0:
-                result = "Fail"
-                first_error = f"exit 0 but only {self.max_step} of {expected or 1} steps logged"
+                first_error = f"exit 0 but no exception line in the log; {ends}"
             else:
-                first_error = None
+                first_error = f"no exception line in the log; {ends}"
             hint = (
-                "The log ends without the expected step lines and without an error line: truncated, still running, "
-                "or killed from outside (check the exit code and the stall timeout)."
+                "The log does not show enough to name a cause: it ends without the expected steps and without an "
+                "error line (truncated, still running, or killed from outside: check the exit code, dmesg and the "
+                "stall timeout)."
             )
 
+        if category == "actor-died" and self.death_causes:
+            hint = f"the raylet's cause: {', '.join(self.death_causes)}. " + (hint or CATEGORY_HINTS["actor-died"])
         verdict.result, verdict.category, verdict.phase = result, category, phase
         verdict.first_error = first_error
         verdict.hint = hint if hint is not None else CATEGORY_HINTS.get(category)
-        if decisive is not None and result != "Pass" and category not in ("wrong-bridge", "interrupted"):
-            verdict.first_error = verdict.first_error or decisive.shown()
+        if self.events_dropped:
+            limitations.append(f"{self.events_dropped} further error lines after the first {MAX_EVENTS} not kept")
         if result == "Blocked":
             limitations.append("Blocked: not evidence against the Bridge provider")
         verdict.limitations = list(dict.fromkeys(limitations))
         verdict.follow_ups = [FOLLOW_UPS[category]] if result != "Pass" else ["none"]
         verdict.key_lines = self._key_lines(verdict)
         verdict.summary = _summary(verdict, expected_source)
+        if self.level is not None:
+            verdict.criteria = self._criteria(verdict, vanilla, self._wrong_bridge_paths())
+            self._level_answer(verdict)
+            if verdict.level_result != "Pass" and verdict.result == "Pass":
+                verdict.follow_ups = [FOLLOW_UPS[verdict.level_category]]
         return verdict
 
     def _key_lines(self, verdict: Verdict) -> list[str]:
         order = (
             "vanilla", "steps_printed", "steps_override", "steps_trace", "adapter_total", "adapter_adapter",
             "adapter_trainable_pct", "fresh_start", "resume_found", "resume", "checkpoint_save", "checkpoint_done",
-            "validation", "progress", "last_step",
+            "validation", "progress", "last_step", "final_validation", "wandb_step",
         )
         lines = [self.key_lines[name] for name in order if name in self.key_lines]
         if verdict.first_error:
@@ -620,16 +771,11 @@ class _Judge:
 def _summary(verdict: Verdict, expected_source: str) -> str:
     steps = f"{verdict.steps_completed}/{verdict.steps_expected if verdict.steps_expected else '?'} steps"
     if verdict.result == "Pass":
-        return (
-            f"verl completed {steps} on the Megatron-Bridge path (VANILLA_MBRIDGE=False) with no fatal error"
-        )
+        return f"verl completed {steps} with no fatal error"
     if verdict.category == "interrupted":
         return f"the run was interrupted in phase {verdict.phase} ({steps}); not evidence either way"
     if verdict.result == "Blocked":
-        return (
-            f"stopped in phase {verdict.phase} by {verdict.category} ({steps}); not evidence against the Bridge "
-            "provider"
-        )
+        return f"the environment stopped the run in phase {verdict.phase}: {verdict.category} ({steps})"
     return f"{verdict.category} failure in phase {verdict.phase} ({steps})"
 
 
@@ -642,6 +788,11 @@ def _coerce_int(value: Any, name: str) -> int | None:
         raise ValueError(f"--{name} must be an integer, got {value!r}") from None
 
 
+def _check_termination(termination: str | None) -> None:
+    if termination not in (None, "interrupted", "timeout"):
+        raise ValueError(f"termination must be None, 'interrupted' or 'timeout', not {termination!r}")
+
+
 def judge_lines(
     lines: Iterable[str],
     *,
@@ -651,9 +802,8 @@ def judge_lines(
     termination: str | None = None,
     bridge_src: str | None = None,
 ) -> Verdict:
-    """Judge an iterable of text lines (a pipe, a list in tests). Every line is checked with the full needle list."""
-    if termination not in (None, "interrupted", "timeout"):
-        raise ValueError(f"termination must be None, 'interrupted' or 'timeout', not {termination!r}")
+    """Judge an iterable of text lines (a pipe, a list in tests) with the same needle list as `judge_log`."""
+    _check_termination(termination)
     judge = _Judge(level, steps_expected, exit_code, termination, bridge_src)
     for raw in join_wrapped(lines):
         for needle in ALL_NEEDLES:
@@ -672,32 +822,29 @@ def judge_log(
     termination: str | None = None,
     bridge_src: str | None = None,
 ) -> Verdict:
-    """Judge a log file, streamed in large chunks (constant memory). `bridge_src`: the expected
-    `$BRIDGE_REPO/src`; megatron.bridge paths printed outside it make the run Blocked (wrong-bridge)."""
-    if termination not in (None, "interrupted", "timeout"):
-        raise ValueError(f"termination must be None, 'interrupted' or 'timeout', not {termination!r}")
+    """Judge a log file, streamed in large chunks (constant memory, every line searched). `bridge_src`: the
+    expected `$BRIDGE_REPO/src`; a megatron.bridge path printed outside it fails the level's Bridge criterion."""
+    _check_termination(termination)
     judge = _Judge(level, steps_expected, exit_code, termination, bridge_src)
-    stats = ScanStats()
-    for raw in scan_file(
-        path, FULL_NEEDLES_BYTES, judge.middle_needles, traceback_needle=TRACEBACK_NEEDLE.encode(),
-        last_only_needle=LAST_ONLY_NEEDLE.encode(), stats=stats,
-    ):
+    for raw in scan_file(path, SCAN_NEEDLES_BYTES, last_only_needle=LAST_ONLY_NEEDLE.encode(), stats=ScanStats()):
         judge.feed_bytes(raw)
-    judge.sampled_middle = stats.sparse_bytes > 0
     return judge.finish()
 
 
 def format_verdict(verdict: Verdict) -> str:
-    """Human-readable verdict (the report's Result line first)."""
-    out = [f"Result: {verdict.result} - {verdict.summary}"]
+    """Human-readable verdict: the run's answer, then the level's criteria when a level was judged."""
+    out = [f"Run: {verdict.result} - {verdict.summary}"]
     out.append(f"Category: {verdict.category} (phase: {verdict.phase})")
     expected = verdict.steps_expected if verdict.steps_expected is not None else "?"
     out.append(f"Steps completed: {verdict.steps_completed}/{expected}")
-    out.append(f"VANILLA_MBRIDGE (wrapper output): {verdict.vanilla_mbridge or 'not seen'}")
     if verdict.first_error:
         out.append(f"First error: {verdict.first_error}")
     if verdict.hint:
         out.append(f"Hint: {verdict.hint}")
+    if verdict.level_result is not None:
+        out.append(f"Level {verdict.level}: {verdict.level_result} ({verdict.level_category}) - {verdict.level_summary}")
+        out.append("Criteria:")
+        out.extend(f"- {c.name}: {c.status} - {c.detail}" for c in verdict.criteria)
     for title, items in (
         ("Key lines", verdict.key_lines),
         ("Residual noise", verdict.residual_noise),
@@ -711,11 +858,14 @@ def format_verdict(verdict: Verdict) -> str:
 
 
 def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any = None, as_json: bool = False) -> int:
-    """`invoke judge`: print the verdict of LOG; return 0 Pass, 1 Fail, 3 Blocked, 2 bad invocation/unreadable log."""
+    """`invoke judge`: print the verdict of LOG; exit 0 Pass, 1 Fail, 3 Blocked (the run's answer, or the level's with
+    --level), 2 bad invocation/unreadable log."""
     try:
         level_n, steps_n, exit_n = (
             _coerce_int(level, "level"), _coerce_int(steps, "steps"), _coerce_int(exit_code, "exit-code")
         )
+        if level_n is not None and not 0 <= level_n <= 5:
+            raise ValueError(f"--level must be 0..5, got {level_n}")
         if not log:
             raise ValueError("--log FILE is required")
         if not os.path.isfile(log):
@@ -728,4 +878,4 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
         print(json.dumps(verdict.to_json(), indent=2))
     else:
         print(format_verdict(verdict))
-    return EXIT_BY_RESULT[verdict.result]
+    return EXIT_BY_RESULT[verdict.final_result]

@@ -1,0 +1,58 @@
+"""The verdict engine against real verl logs: every log of `../shared/real-logs/` (beside the project checkout) is
+judged by `invoke judge`'s engine and compared with that folder's INDEX.tsv (`a|b`: either is right).
+
+The folder is the development set (it may grow); the files stay there, outside the project. The test fails below
+95 % right results or 90 % right categories, and prints every miss with the line the index says decides it.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from sessions.verdict import judge_log
+
+REAL_LOGS = Path(os.environ.get("VERL_E2E_REAL_LOGS") or Path(__file__).resolve().parents[1].parent / "shared" / "real-logs")
+MIN_RESULTS = 0.95
+MIN_CATEGORIES = 0.90
+
+
+def index_rows() -> list[dict[str, str]]:
+    with open(REAL_LOGS / "INDEX.tsv", encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle, delimiter="\t"))
+
+
+def accepted(cell: str) -> set[str]:
+    return {part.strip().lower() for part in cell.split("|") if part.strip()}
+
+
+def judge_real_logs() -> tuple[list[str], int, int, int]:
+    """(misses, right results, right categories, logs judged)."""
+    misses, results_ok, categories_ok = [], 0, 0
+    rows = index_rows()
+    for row in rows:
+        verdict = judge_log(REAL_LOGS / row["file"])
+        result_ok = verdict.result.lower() in accepted(row["expected_result"])
+        category_ok = verdict.category in accepted(row["category"])
+        results_ok += result_ok
+        categories_ok += category_ok
+        if not (result_ok and category_ok):
+            misses.append(
+                f"{row['file']}: got {verdict.result}/{verdict.category} (first error: {verdict.first_error}), "
+                f"index {row['expected_result']}/{row['category']}; deciding line: {row['proof_line'][:200]}"
+            )
+    return misses, results_ok, categories_ok, len(rows)
+
+
+def test_real_logs_match_their_index():
+    assert (REAL_LOGS / "INDEX.tsv").is_file(), f"{REAL_LOGS} missing: every checkout has ../shared/real-logs"
+    misses, results_ok, categories_ok, total = judge_real_logs()
+    files = {row["file"] for row in index_rows()}
+    on_disk = {p.name for p in REAL_LOGS.glob("*.log")}
+    assert on_disk <= files, f"logs without an INDEX.tsv row: {sorted(on_disk - files)}"
+    print(f"\nreal logs: results {results_ok}/{total} ({results_ok / total:.1%}), "
+          f"categories {categories_ok}/{total} ({categories_ok / total:.1%})")
+    for miss in misses:
+        print("MISS", miss)
+    assert results_ok / total >= MIN_RESULTS and categories_ok / total >= MIN_CATEGORIES, "\n".join(misses)
