@@ -40,13 +40,13 @@ class LevelOutcome:
 
 def describe_verdict(v: Verdict) -> str:
     expected = f"/{v.steps_expected}" if v.steps_expected is not None else ""
+    if v.result == "Pass" and v.final_result != "Pass":  # the run passed, a level criterion did not
+        return f"{v.steps_completed}{expected} step(s) completed, but {v.level_summary}"
     if v.result == "Pass":
         return f"{v.steps_completed}{expected} step(s) completed, exit {v.exit_code}"
     where = f"{v.result} in {v.phase} ({v.category})"
     err = f": {v.first_error}" if v.first_error else ""
     hint = f" — hint: {v.hint}" if v.hint else ""
-    if v.result == "Blocked":
-        hint += " — not evidence against the Bridge provider"
     return f"{where}{err}; {v.steps_completed}{expected} step(s) completed{hint}"
 
 
@@ -55,7 +55,7 @@ def single_run(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcome
     entry, v = judged[-1]
     detail = describe_verdict(v)
     follow_ups = [f for f in v.follow_ups if f != "none"]
-    return LevelOutcome(v.result, detail, v.result, detail, v.category, list(v.key_lines),
+    return LevelOutcome(v.final_result, detail, v.final_result, detail, v.final_category, list(v.key_lines),
                         list(v.limitations), follow_ups)
 
 
@@ -143,7 +143,7 @@ def save_resume(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcom
     limitations = [x for _, v in judged for x in v.limitations]
 
     # both runs completed cleanly: a missing save/resume fact fails the variant, not the backend run
-    runs_ok = set(runs) == {"A", "B"} and all(v.result == "Pass" for _, v in judged)
+    runs_ok = set(runs) == {"A", "B"} and all(v.final_result == "Pass" for _, v in judged)
 
     def outcome(status: str, detail: str, category: str, follow: list[str] | None = None) -> LevelOutcome:
         run_status, run_detail = status, detail
@@ -158,12 +158,12 @@ def save_resume(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcom
         """A run of the series did not pass: its own verdict, plus the procedure's checkpoint triage."""
         follow = [SAVE_FREQ_FOLLOW_UP] if "checkpoint" in (v.category, v.phase) else []
         follow += [f for f in v.follow_ups if f != "none"]
-        return outcome(v.result, f"{what}: {describe_verdict(v)}{tail}", v.category, follow)
+        return outcome(v.final_result, f"{what}: {describe_verdict(v)}{tail}", v.category, follow)
 
     if "A" not in runs:
         return outcome("Fail", "run A (save) has no log", "unknown")
     a_entry, a = runs["A"]
-    if a.result != "Pass":
+    if a.final_result != "Pass":
         return run_failed(a, "run A (save)", "; run B not started")
     want1 = _step_dir(series, 1) if series else None
     a_ckpt = a_entry.get("checkpoints") or {}
@@ -178,7 +178,7 @@ def save_resume(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcom
     if "B" not in runs:
         return outcome("Fail", "run A saved global_step_1 but run B (resume) has no log", "unknown")
     b_entry, b = runs["B"]
-    if b.result != "Pass":
+    if b.final_result != "Pass":
         return run_failed(b, f"run A saved {want1}; run B (resume)")
     if b.resumed_from is None:
         why = "it logged a fresh start (tracker file not found)" if b.fresh_start else "it logged no resume"
@@ -229,7 +229,7 @@ def parallel_stress(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOu
     variant = record.get("variant") or "dense"
     want = {k: val for k, val in presets.LEVELS[2].variants[variant].items() if k in TRACE_KEYS}
     out.coverage = f"variant {variant}"
-    if v.result != "Pass":
+    if v.final_result != "Pass":
         return out
     trace = _trace_of(record, entry)
     if trace is None:
@@ -321,7 +321,7 @@ def megatron_fsdp(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutc
 
     out = single_run(record, judged)
     entry, v = judged[-1]
-    if v.result != "Pass":
+    if v.final_result != "Pass":
         return out
     trace = _trace_of(record, entry)
     if trace is None:
@@ -477,21 +477,21 @@ def learning_signal(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOu
                            + ("" if rep.converged else " (no agreed threshold met)"))
 
     failed = rep.failed
-    if v.result == "Blocked":
+    if v.final_result == "Blocked":
         out.coverage = f"{', '.join(requested)}: learning signal not judged (run Blocked)"
         return out
     if failed:
         first = failed[0]
         detail = "learning signal not shown: " + "; ".join(f"{f.check}: {f.detail}" for f in failed)
         out.variant_status, out.variant_detail = "Fail", detail
-        out.category = out.category if v.result != "Pass" else first.category
+        out.category = out.category if v.final_result != "Pass" else first.category
         out.follow_ups += [FOLLOW_UPS_BY_CHECK[f.check] for f in failed if f.check in FOLLOW_UPS_BY_CHECK]
-        if v.result != "Pass" and first.check == "finite metrics":
+        if v.final_result != "Pass" and first.check == "finite metrics":
             out.run_detail = f"{out.run_detail} ({first.detail})"
         out.coverage = f"{', '.join(requested)}: learning signal not shown ({', '.join(f.check for f in failed)})"
         return out
-    if v.result != "Pass":
-        out.coverage = f"{', '.join(requested)}: learning signal not judged (run {v.result})"
+    if v.final_result != "Pass":
+        out.coverage = f"{', '.join(requested)}: learning signal not judged (run {v.final_result})"
         return out
     trend = "; ".join(str(t) for t in rep.trends if t.expected == "up" and t.metric in
                       metrics.headline_keys(v.step_metrics))

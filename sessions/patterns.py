@@ -28,13 +28,14 @@ PHASE_ORDER = ("launch", "ray-up", "model-build", "model-built", "rollout-up", "
 # The streaming reader's prefilter: every line of the file holding one of these is parsed, no other line is.
 # Short, broad needles ("rror", "xception") keep the list small: its length is what the scan costs.
 SCAN_NEEDLES = (
-    "step", "rror", "xception", "Traceback", "illed", "File \"", "heckpoint", "emory", "imeout", "imed out",
+    "step", "rror", "ERROR", "xception", "Traceback", "illed", "File \"", "heckpoint", "emory", "imeout", "imed out",
     "Watchdog", "Segmentation", "core dumped", "SIGABRT", "SIGSEGV", "Cannot load symbol", "ANILLA_MBRIDGE",
     "anilla_mbridge", "TRAIN_STEPS", "training steps", "arameters", "percentage", "from scratch", "megatron/bridge",
     "mbridge", "Bridge", "Final validation", "Could not override", "not in struct", "No module named",
     "VISIBLE_DEVICES", "available GPUs", "No space", "KeyboardInterrupt", "NaN", "LORA", "LLM engine",
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
-    "gradient_accumulation_fusion", "wandb:", "dot product attention",
+    "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
+    "PEFT", "ProcessGroupNCCL",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -176,7 +177,7 @@ def _p(*args, **kwargs) -> Pattern:
 PATTERNS: tuple[Pattern, ...] = (
     # -- lines that look like errors but are not (healthy runs print them) --------------------------------------
     _p("optional-engine", "not available", r"engine is not available|is not available, (?:skip|fall)", "ignore"),
-    _p("py-warning", "Warning", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker)|warnings\.warn\(", "ignore"),
+    _p("py-warning", "arn", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker)|warnings\.warn\(", "ignore"),
     _p("log-warning", "W", r"^(?:\[?W\d{4} |WARNING[ :\]]|\[WARNING\]|\S+ WARNING |\(\w+\) WARNING |"
        r"\[[\d\- :,]+\] WARNING)", "ignore"),
     _p("failed-import-warning", "Failed to import", r"Failed to import from", "ignore"),
@@ -197,7 +198,7 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
        fact="trace_steps", covered_by="TRAIN_STEPS"),
     _p("adapter-header", "PEFT Adapter Information", r"PEFT Adapter Information", "fact", fact="adapter_header",
-       phase="model-built", covered_by="arameters"),
+       phase="model-built"),
     _p("adapter-total", "Total parameters", r"Total parameters:\s*([\d,]+)", "fact", fact="adapter_total",
        covered_by="arameters"),
     _p("adapter-count", "Adapter parameters", r"Adapter parameters:\s*([\d,]+)", "fact", fact="adapter_count",
@@ -248,7 +249,7 @@ PATTERNS: tuple[Pattern, ...] = (
        phase="model-built", covered_by="heckpoint"),
     _p("resume-load", "heckpoint", r"Loaded (?:HF model|optimizer) checkpoint from", "marker", phase="checkpoint"),
     _p("megatron-params", "number of parameters on", r"number of parameters on \(tensor, pipeline\)", "marker",
-       phase="model-built", covered_by="arameters"),
+       phase="model-built"),
     _p("vllm-engine-up", "LLM engine", r"Initializing an? (?:V1 )?LLM engine", "marker", phase="rollout-up"),
     # -- named causes: positive environment evidence (Blocked) ---------------------------------------------------
     _p("worker-no-bridge", "No module named", r"No module named 'megatron\.bridge'", "error",
@@ -329,9 +330,9 @@ PATTERNS: tuple[Pattern, ...] = (
        category="data", result="blocked",
        hint="The model path does not hold a Hugging Face model (config.json): check MODEL_PATH "
             "(`invoke download-model`)."),
-    _p("ray-init", "GCS", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
+    _p("ray-init", "", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
-       category="env-ray-import", result="blocked", covered_by="imed"),
+       category="env-ray-import", result="blocked"),
     _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
        result="blocked"),
     # -- named causes that fail the run ------------------------------------------------------------------------
@@ -342,12 +343,12 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="emory"),
     _p("hang-watchdog", "Watchdog", r"Watchdog caught collective operation timeout", "error", category="hang",
        result="fail"),
-    _p("hang-store", "imeout", r"TCPStore.*(?:timeout|[Tt]imed out)|DistStoreError|throwTimeoutError|"
+    _p("hang-store", "", r"TCPStore.*(?:timeout|[Tt]imed out)|DistStoreError|throwTimeoutError|"
        r"Timed out (?:after|waiting) .*(?:rendezvous|store|init_process_group)", "error", category="hang",
-       result="fail", covered_by="imeout"),
+       result="fail"),
     _p("nccl-error", "rror", r"NCCL error|nccl\w*Error|DistBackendError", "error", category="nccl", result="fail"),
     _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
-       result="fail", covered_by="imeout"),
+       result="fail"),
     _p("grad-nan", "NaN", r"found NaN in local grad norm|NaN or Inf found|[Ll]oss is NaN", "error",
        category="nan-metrics", result="fail"),
     _p("unexpected-nan", "Unexpected result", r"Unexpected result (?:nan|inf)", "error", category="nan-metrics",
@@ -377,8 +378,8 @@ PATTERNS: tuple[Pattern, ...] = (
        category="actor-died", result="fail", covered_by="rror"),
     _p("worker-died", "illed", r"A worker died or was killed|(?<!\w)Killed(?!\w)|killed by signal", "error",
        category="actor-died", result="fail", specific=False),
-    _p("segfault", "Segmentation", r"Segmentation fault|SIGSEGV|SIGABRT", "error", category="actor-died",
-       result="fail", specific=False, covered_by="Segmentation"),
+    _p("segfault", "", r"Segmentation fault|SIGSEGV|SIGABRT", "error", category="actor-died",
+       result="fail", specific=False),
     _p("core-dumped", "core dumped", r"core dumped", "error", category="actor-died", result="fail", specific=False),
     _p("hydra-full-error", "HYDRA_FULL_ERROR", r"HYDRA_FULL_ERROR", "ignore", covered_by="rror"),
     # -- generic shapes ----------------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ PATTERNS: tuple[Pattern, ...] = (
 ACTOR_DEATH_CAUSES = (
     (re.compile(r"OOM killer|oom-kill|out of memory|low on memory|memory limit|exceeded .*memory", re.I), "memory"),
     (re.compile(r"node .*(?:dead|lost|died|removed)|NodeDiedError|node failure", re.I), "node lost"),
-    (re.compile(r"SIGKILL|Killed|killed by signal 9", re.I), "killed (SIGKILL)"),
+    (re.compile(r"SIGKILL|killed by signal 9|^Killed$"), "killed (SIGKILL)"),
     (re.compile(r"SIGSEGV|Segmentation fault|SIGABRT|core dumped", re.I), "native crash"),
 )
 

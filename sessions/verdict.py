@@ -293,7 +293,7 @@ class _Judge:
                     self.open_traceback = line
                 if "megatron/bridge" not in text:
                     return
-        ignored = noise = False
+        ignored = noise = hydra = False
         error_pattern: Pattern | None = None
         generic = False
         for pattern, regex in TABLE:
@@ -315,7 +315,7 @@ class _Judge:
                     self._advance(pattern.phase)
                 else:  # Hydra's "Error executing job": the driver is failing (a cause when nothing else is shown)
                     self._driver_failure()
-                    generic = True
+                    hydra = True
             elif kind == "noise":
                 noise = True
             elif kind == "ignore":
@@ -326,7 +326,7 @@ class _Judge:
             elif kind == "traceback":
                 if line.source is None:
                     self._driver_failure()
-        if line.source == "raylet" or "Worker exit type" in text or "memory" in text:
+        if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
                 if cause_re.search(text) and cause not in self.death_causes:
                     self.death_causes.append(cause)
@@ -336,11 +336,10 @@ class _Judge:
             return
         wrapper = RAY_WRAPPER_RE.search(text) if "ray::" in text else None
         generic = generic or wrapper is not None
-        log_error = not generic and error_pattern is None and LOG_ERROR_RE.match(text) is not None
+        log_error = not generic and error_pattern is None and (hydra or LOG_ERROR_RE.match(text) is not None)
         if error_pattern is None and not generic and not log_error:
             return
-        if not noise:
-            self.open_traceback = None  # its exception line is here
+        self.open_traceback = None  # its exception line is here
         if wrapper and line.source is None:
             self._driver_failure()
         event = _ErrorEvent(
@@ -631,9 +630,10 @@ class _Judge:
     def finish(self) -> Verdict:
         expected, expected_source = self._expected_steps()
         done = max(self.max_step, self.wandb_step or 0)
-        complete = (
-            (done >= expected if expected else done >= 1) or self.bar_complete or self.final_validation
-        )
+        if expected:  # a complete bar counts when it covers the expected count
+            complete = done >= expected or (self.bar_complete and self.bar is not None and self.bar[1] >= expected)
+        else:
+            complete = done >= 1 or self.bar_complete or self.final_validation
         vanilla = None
         if self.vanilla_values:
             vanilla = "True" if "True" in self.vanilla_values else "False"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sessions.patterns import CATEGORY_HINTS
 from sessions.verdict import CATEGORIES, PHASES, RESULTS, judge_lines, judge_log
 
 LOGS = Path(__file__).parent / "logs"
@@ -35,10 +36,18 @@ def check(verdict, expect):
         if key in expect:
             step, name, value = expect[key]
             assert math.isclose(verdict.step_metrics[step][name], value, rel_tol=1e-9)
+    for key in ("level_result", "level_category"):
+        if key in expect:
+            assert getattr(verdict, key) == expect[key], key
+    if "criterion" in expect:
+        name, status = expect["criterion"]
+        assert {c.name: c.status for c in verdict.criteria}[name] == status
     if verdict.result == "Pass":
         assert verdict.first_error is None and verdict.category == "success"
-    else:
-        assert verdict.hint
+    else:  # every non-Pass case states its first error line, and the hint is the one of its cause
+        assert "first_error" in expect, "a non-Pass case must state its first error"
+        if "hint" not in expect:
+            assert CATEGORY_HINTS[verdict.category] in verdict.hint
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -62,6 +71,6 @@ def test_corpus_log_lines(name):
 
 def test_corpus_is_big_enough_and_covers_every_category():
     assert len(EXPECTED) >= 40
-    seen = {spec["expect"].get("category") for spec in EXPECTED.values()}
+    seen = {spec["expect"].get(key) for spec in EXPECTED.values() for key in ("category", "level_category")}
     missing = set(CATEGORIES) - seen - {None}
     assert not missing, missing

@@ -325,7 +325,7 @@ case("blocked_hydra_release_mismatch", header() + trace() + [
     "    full_key: actor_rollout_ref.actor.megatron.grad_offload",
     "    object_type=dict", "",
     "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace."],
-    {"result": "Blocked", "category": "env-dependency", "phase": "launch", "hint": "verl.__file__"}, exit_code=1)
+    {"result": "Blocked", "category": "config", "phase": "launch", "hint": "verl.__file__"}, exit_code=1)
 case("blocked_modelopt_missing", during_build + driver_failure(
     "actor_rollout_init_model", "ModuleNotFoundError", "No module named 'modelopt'",
     inner_frames=frames(f"{BRIDGE}/models/conversion/auto_bridge.py")),
@@ -336,22 +336,23 @@ case("blocked_flash_attn_missing", during_build + driver_failure(
 site = healthy()
 site[site.index(f"{WD} Enabling LORA with rank=4, alpha=32, dropout=0.0")] += (
     "  [/usr/local/lib/python3.12/site-packages/megatron/bridge/peft/lora.py:88]")
-case("blocked_wrong_bridge_site_packages", site, {"result": "Blocked", "category": "wrong-bridge"}, exit_code=0)
-case("blocked_vanilla_true", healthy(vanilla="True"), {"result": "Blocked", "category": "wrong-bridge",
-     "vanilla_mbridge": "True"}, exit_code=0)
-case("blocked_vllm_before_actor", before_model + [
+case("blocked_wrong_bridge_site_packages", site, {"result": "Pass", "category": "success", "level_result": "Blocked",
+     "level_category": "wrong-bridge"}, exit_code=0, level=0)
+case("blocked_vanilla_true", healthy(vanilla="True"), {"result": "Pass", "category": "success", "level_result": "Blocked",
+     "level_category": "wrong-bridge", "vanilla_mbridge": "True"}, exit_code=0, level=0)
+case("fail_vllm_before_actor", before_model + [
     f"{VS} (EngineCore pid=2355) ERROR 08-14 12:01:12 [core.py:700] EngineCore failed to start.",
     f"{VS} (EngineCore pid=2355) ERROR 08-14 12:01:12 [core.py:700] Traceback (most recent call last):",
     f"{VS} (EngineCore pid=2355) ERROR 08-14 12:01:12 [core.py:700] ValueError: The model's max seq len (4096) is "
     "larger than the maximum number of tokens that can be stored in KV cache"] + driver_failure(
     "", "RuntimeError", "Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     task="vLLMHttpServer.launch_server"),
-    {"result": "Blocked", "category": "rollout"}, exit_code=1)
+    {"result": "Fail", "category": "rollout"}, exit_code=1)
 case("blocked_ray_connect", header() + trace() + [
     "Traceback (most recent call last):",
     '  File "/usr/local/lib/python3.12/dist-packages/ray/_private/worker.py", line 1700, in init',
     "ConnectionError: Could not find any running Ray instance. Please specify the one to connect to by setting "
-    "`--address` flag or `RAY_ADDRESS` environment variable."], {"result": "Blocked", "category": "unknown"},
+    "`--address` flag or `RAY_ADDRESS` environment variable."], {"result": "Blocked", "category": "env-ray-import"},
     exit_code=1)
 case("blocked_interrupted", built3 + steps(3)[:3], {"result": "Blocked", "category": "interrupted"},
      termination="interrupted", steps=3)
@@ -362,7 +363,7 @@ case("blocked_keyboard_interrupt_in_log", built + ["^CTraceback (most recent cal
 case("blocked_timeout_before_model", before_model + [
     f"{TR} Transfer queue: starting 7 storage actors and 1 controller",
     "(autoscaler +12s) Warning: The following resource request cannot be scheduled right now: {'CPU': 1.0}."],
-     {"result": "Blocked", "category": "timeout", "phase": "ray-up"}, termination="timeout")
+     {"result": "Blocked", "category": "env-no-gpu", "phase": "ray-up"}, termination="timeout")
 
 # ---- fail ----------------------------------------------------------------------------------------------------
 case("fail_provider_parallel_sizes", during_build + driver_failure(
@@ -417,7 +418,7 @@ case("fail_nccl_watchdog", built3 + steps(3)[:4] + [
     "(raylet) A worker died or was killed while executing a task by an unexpected system error."] + [
     "Traceback (most recent call last):", "ray.exceptions.ActorDiedError: The actor died unexpectedly before "
     "finishing this task.", "\tWorker exit type: SYSTEM_ERROR"],
-    {"result": "Fail", "category": "nccl", "phase": "training"}, exit_code=1)
+    {"result": "Fail", "category": "hang", "phase": "training"}, exit_code=1)
 case("fail_rollout_during_training", built3 + steps(3)[:4] + driver_failure(
     "", "vllm.v1.engine.exceptions.EngineDeadError", "EngineCore encountered an issue. See stack trace (above) "
     "for the root cause.", task="AgentLoopWorkerTQ.generate_sequences"),
@@ -431,24 +432,75 @@ case("fail_segfault_training", built3 + steps(2)[:3] + [
     f"{WD} *** SIGSEGV received at time=1755172900 on cpu 12 ***",
     f"{WD} Fatal Python error: Segmentation fault",
     "(raylet) A worker died or was killed while executing a task by an unexpected system error."],
-    {"result": "Fail", "category": "unknown", "phase": "training"}, exit_code=1)
+    {"result": "Fail", "category": "actor-died", "phase": "training"}, exit_code=1)
 case("fail_exit_nonzero_after_steps", healthy(noise=False) + driver_failure(
     "", "RuntimeError", "Failed to upload artifacts: connection reset", hydra=True, task="TaskRunner.run"),
     {"result": "Fail", "steps_completed": 1, "phase": "shutdown"}, exit_code=1)
 case("fail_exit_nonzero_no_error", healthy(noise=False), {"result": "Fail", "category": "unknown"}, exit_code=137)
 no_trace = healthy(cmdline=False, vars_=False)
 no_trace = [line for line in no_trace if "vanilla_mbridge" not in line]
-case("fail_vanilla_not_seen", no_trace, {"result": "Fail", "category": "unknown", "vanilla_mbridge": None},
-     exit_code=0, steps=1)
+case("fail_vanilla_not_seen", no_trace, {"result": "Pass", "category": "success", "vanilla_mbridge": None,
+     "level_result": "Fail", "level_category": "unknown",
+     "criterion": ["VANILLA_MBRIDGE=False in the wrapper's output", "not shown"]}, exit_code=0, steps=1, level=0)
 case("fail_truncated_during_build", during_build, {"result": "Fail", "category": "unknown",
      "phase": "model-build"})
 case("fail_exit_zero_incomplete", built3 + steps(2)[:3], {"result": "Fail", "category": "unknown",
      "steps_completed": 1}, exit_code=0, steps=2)
-case("fail_timeout_in_training", built3 + steps(3)[:3], {"result": "Fail", "category": "timeout",
+case("fail_timeout_in_training", built3 + steps(3)[:3], {"result": "Fail", "category": "hang",
      "steps_completed": 1}, termination="timeout")
+case("fail_nccl_backend_error", during_build + driver_failure(
+    "actor_rollout_init_model", "torch.distributed.DistBackendError", "NCCL error in: "
+    "../torch/csrc/distributed/c10d/NCCLUtils.hpp:317, unhandled system error (run with NCCL_DEBUG=INFO for details)"),
+    {"result": "Fail", "category": "nccl"}, exit_code=1)
 case("fail_bridge_submodule_missing", during_build + driver_failure(
     "actor_rollout_init_model", "ModuleNotFoundError", "No module named 'megatron.bridge.models.qwen3_next'"),
     {"result": "Fail", "category": "provider"}, exit_code=1)
+
+
+# The first error line every non-Pass case must report (issue 20.3): a literal part of the deciding line, or what the
+# engine must say when the log shows no error line.
+FIRST_ERRORS = {
+    "blocked_data_missing": "No such file or directory: '/data/gsm8k/train.parquet'",
+    "blocked_disk_full_download": "No space left on device",
+    "blocked_flash_attn_missing": "No module named 'flash_attn'",
+    "blocked_hydra_release_mismatch": "Could not override 'actor_rollout_ref.actor.megatron.grad_offload'",
+    "blocked_interrupted": "interrupted by the launcher; it ends after step 1 of 3",
+    "blocked_keyboard_interrupt_in_log": "KeyboardInterrupt",
+    "blocked_modelopt_missing": "No module named 'modelopt'",
+    "blocked_no_gpus": "Total available GPUs 0 is less than total desired GPUs 1",
+    "blocked_ray_connect": "Could not find any running Ray instance",
+    "blocked_reward_model_missing": "Incorrect path_or_model_id: '/root/models/Skywork/Skywork-Reward-V2-Llama-3.2-1B'",
+    "blocked_rocr_visible_devices": "Please don't set ROCR_VISIBLE_DEVICES",
+    "blocked_timeout_before_model": "The following resource request cannot be scheduled right now",
+    "blocked_worker_bridge_import": "Megatron-Bridge package not found",
+    "fail_bridge_submodule_missing": "No module named 'megatron.bridge.models.qwen3_next'",
+    "fail_checkpoint_load": "CheckpointingException: Object shard",
+    "fail_checkpoint_save": "sharded tensor metadata mismatch",
+    "fail_exit_nonzero_after_steps": "RuntimeError: Failed to upload artifacts",
+    "fail_exit_nonzero_no_error": "the wrapper exited 137 after completing the steps",
+    "fail_exit_zero_incomplete": "no exception line in the log; it ends after step 1 of 2",
+    "fail_lora_target_modules": "Target modules ['linear_qkv', 'linear_fc3'] not found",
+    "fail_nccl_watchdog": "Watchdog caught collective operation timeout",
+    "fail_nccl_backend_error": "DistBackendError: NCCL error in",
+    "fail_oom_update_actor": "torch.OutOfMemoryError: CUDA out of memory",
+    "fail_provider_parallel_sizes": "tensor_model_parallel_size (2) of the provider does not match",
+    "fail_rollout_during_training": "EngineDeadError: EngineCore encountered an issue",
+    "fail_segfault_training": "SIGSEGV received at time=1755172900",
+    "fail_timeout_in_training": "no output before the stall timeout; it ends after step 1 of 3",
+    "fail_truncated_during_build": "no exception line in the log; it ends before the first training step",
+    "fail_vllm_before_actor": "EngineCore failed to start",
+    "pass_steps_given_overrides_log": "no exception line in the log; it ends after step 1 of 3",
+}
+
+# The triage hint a case must show when it is the pattern's own, not its category's (issue 20.3: asserted exactly).
+HINTS = {
+    "blocked_energon": "install megatron-energon",
+    "fail_bridge_submodule_missing": "The Bridge checkout lacks a module",
+    "fail_exit_nonzero_no_error": "the wrapper failed at the end",
+    "fail_exit_zero_incomplete": "The log does not show enough to name a cause",
+    "fail_truncated_during_build": "The log does not show enough to name a cause",
+    "pass_steps_given_overrides_log": "The log does not show enough to name a cause",
+}
 
 
 def main() -> None:
@@ -456,7 +508,12 @@ def main() -> None:
     for spec in CASES:
         path = HERE / f"{spec['name']}.log"
         path.write_text("\n".join(spec["lines"]) + "\n", encoding="utf-8")
-        expected[path.name] = {"run": spec["run"], "expect": spec["expect"]}
+        expect = dict(spec["expect"])
+        if spec["name"] in FIRST_ERRORS:
+            expect.setdefault("first_error", FIRST_ERRORS[spec["name"]])
+        if spec["name"] in HINTS:
+            expect.setdefault("hint", HINTS[spec["name"]])
+        expected[path.name] = {"run": spec["run"], "expect": expect}
     (HERE / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"{len(CASES)} logs written to {HERE}")
 

@@ -1,0 +1,73 @@
+"""A verdict must rest on its deciding line: delete that line from each non-Pass log (the real logs of
+`../shared/real-logs/`, the hand-written corpus) and the result, the category or the first error must change. A
+verdict that survives the deletion came from a default, not from the log (issue 20.3). The deciding line is the
+corpus's stated first error, and for a real log the line the engine names (a message of the engine's own, such as
+"no exception line in the log", is no log line and is not deleted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sessions.verdict import judge_log
+from tests.test_real_logs import REAL_LOGS, index_rows
+
+CORPUS = Path(__file__).parent / "logs"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))
+
+
+def _without(path: Path, needle: str, out: Path) -> int:
+    """Copy `path` to `out` without the lines holding `needle`; returns how many lines were dropped."""
+    raw = path.read_bytes().decode("utf-8", "replace").splitlines(keepends=True)
+    kept = [line for line in raw if needle not in line]
+    out.write_text("".join(kept), encoding="utf-8")
+    return len(raw) - len(kept)
+
+
+def _changed(before, after) -> bool:
+    return (before.result, before.category, before.first_error) != (after.result, after.category, after.first_error)
+
+
+def _log_text(first_error: str) -> str:
+    """The part of a shown first error that is the log's own text (no `(Source) ` prefix, no `...` cut)."""
+    text = first_error[:-3] if first_error.endswith("...") else first_error
+    if text.startswith("(") and ") " in text:
+        text = text.split(") ", 1)[1]
+    return text[:120]
+
+
+def _real_non_pass() -> list[dict[str, str]]:
+    if not (REAL_LOGS / "INDEX.tsv").is_file():
+        return []
+    return [row for row in index_rows() if "pass" not in row["expected_result"].lower()]
+
+
+@pytest.mark.parametrize("row", _real_non_pass(), ids=lambda row: row["file"])
+def test_deleting_the_deciding_line_of_a_real_log_changes_its_verdict(row, tmp_path):
+    path = REAL_LOGS / row["file"]
+    before = judge_log(path)
+    assert before.first_error, row["file"]
+    needle = _log_text(before.first_error)
+    if not _without(path, needle, tmp_path / "cut.log"):
+        pytest.skip(f"the engine's own message, no log line: {before.first_error}")
+    after = judge_log(tmp_path / "cut.log")
+    assert _changed(before, after), (before.result, before.category, before.first_error)
+
+
+NON_PASS = sorted(n for n, spec in EXPECTED.items()
+                  if spec["expect"]["result"] != "Pass" and "first_error" in spec["expect"]
+                  and "no exception line" not in spec["expect"]["first_error"]
+                  and spec["run"].get("termination") is None)
+
+
+@pytest.mark.parametrize("name", NON_PASS)
+def test_deleting_the_first_error_of_a_corpus_log_changes_its_verdict(name, tmp_path):
+    spec = EXPECTED[name]
+    run = {k: v for k, v in spec["run"].items() if k in ("level", "exit_code")}
+    run["steps_expected"] = spec["run"].get("steps")
+    if not _without(CORPUS / name, spec["expect"]["first_error"], tmp_path / "cut.log"):
+        pytest.skip(f"the engine's own message, no log line: {spec['expect']['first_error']}")
+    before, after = judge_log(CORPUS / name, **run), judge_log(tmp_path / "cut.log", **run)
+    assert _changed(before, after), (before.result, before.category, before.first_error)
