@@ -25,7 +25,7 @@ from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import Resolved, UsageError, config_section, resolve
 from sessions import level_rules
-from sessions.bridge_checks import BridgeChecks
+from sessions.bridge_checks import BridgeChecks, not_requested
 from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
 from sessions.rundir import new_run_dir
@@ -465,7 +465,9 @@ def summarize_run_dir(run_dir: Path) -> dict:
     judged = _judge_runs(run_dir, record)
     record["run_dir"] = str(run_dir)  # where the rule finds the logs now (and writes level evidence)
     outcome = level_rules.combine(number, record, judged)
-    bc = record.get("bridge_checks") or {"status": "Skipped", "detail": "preflight stopped first", "limitations": []}
+    bc = record.get("bridge_checks") or (
+        asdict(not_requested()) if record["options"].get("skip_bridge_checks")
+        else {"status": "Skipped", "detail": "preflight stopped first", "limitations": []})
     blocked = record.get("blocked")
     variant = f" --variant {record['variant']}" if record.get("variant") else ""
     what = f"LoRA + {'Megatron-FSDP' if level.env.get('USE_MEGATRON_FSDP') == 'True' else 'Megatron DDP'}"
@@ -516,8 +518,10 @@ def summarize_run_dir(run_dir: Path) -> dict:
         sentence = (f"{title} blocked — {bad.name}: {bad.detail}. Not evidence against the Bridge provider.")
 
     restated = _restated_settings(record, judged)
-    limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + \
-        [x for x in outcome.limitations if x not in restated]
+    user_overrides = [f"user override after --: {o} (not part of the procedure's preset)"
+                      for o in record["options"].get("extra_overrides") or []]
+    limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + user_overrides + \
+        [x for x in outcome.limitations if x not in restated and "not evidence against the Bridge" not in x]
     follow_ups = list(outcome.follow_ups)
     if blocked and blocked.get("fix"):
         follow_ups.insert(0, f"fix the environment: {blocked['fix']}, then rerun")

@@ -365,7 +365,7 @@ PATTERNS: tuple[Pattern, ...] = (
        "mapping (HF import) or, on resume, the checkpoint (rerun with SAVE_FREQ=-1).", covered_by="rror"),
     _p("parallel-sizes", "parallel",
        r"(?:tensor|pipeline|context|expert|data)_model_parallel_size.*(?:mismatch|must|divisible|not equal|!=|"
-       r"does not match)|model parallel group is not initialized|parallel state.*not initialized", "error",
+       r"does not match|but .*(?:initiali[sz]ed|mpu))|model parallel group is not initialized|parallel state.*not initialized", "error",
        category="provider", result="fail", hint=H_PARALLEL, covered_by="rror"),
     _p("lora-target", "arget", r"(?i)target[_ ]modules?.*(?:not found|no match|did not match|not present|"
        r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror"),

@@ -277,7 +277,7 @@ def test_stall_timeout_stops_a_hung_run_and_judges_it_timeout(workspace):
     assert proc.returncode == 1, proc.stdout + proc.stderr  # hung after the model was built: Fail, not Blocked
     run_dir = only_run_dir(workspace)
     md, summary = summary_of(run_dir)
-    assert summary["category"] == "timeout"
+    assert summary["category"] == "hang"
     log = (run_dir / "verl.log").read_text()
     assert "Training Progress" in log and "timeout (no output for 3s)" in log
     leftover = subprocess.run(["pgrep", "-f", f"verl.trainer.main_ppo.*{workspace.data}"], capture_output=True)
