@@ -33,10 +33,19 @@ KL_RE = re.compile(r"(^|/|_)kl($|/|_)")
 ENTROPY_RE = re.compile(r"entropy")
 GRAD_NORM_RE = re.compile(r"grad_norm")
 LOGPROB_RE = re.compile(r"log_?probs?|probs_diff|probs_pearson|(^|_|/)log_ppl|_ppl$")
+# Keys in those families that are no signal: validity flags (`training/rollout_probs_diff_valid` is 1.0 at every
+# step), coefficients, learning rates, and timings of the log-prob passes.
+NOT_A_SIGNAL_RE = re.compile(r"(_valid|/valid|_coef|_coeff|/lr)$|^(timing_s|timing_per_token_ms|perf)/")
 WATCHED = (LOSS_RE, KL_RE, ENTROPY_RE, GRAD_NORM_RE, LOGPROB_RE, VALIDATION_RE,
            re.compile(r"reward|score"))
 ACTOR_LOSS_KEYS = ("actor/pg_loss", "actor/policy_loss", "actor/loss")
 CRITIC_LOSS_KEYS = ("critic/vf_loss", "critic/loss")
+
+
+def log_prob_signal(key: str) -> bool:
+    """A log-prob, KL or entropy metric whose value must move between steps (never a flag or a timing)."""
+    return bool((LOGPROB_RE.search(key) or KL_RE.search(key) or ENTROPY_RE.search(key))
+                and not NOT_A_SIGNAL_RE.search(key))
 
 
 def watched(key: str) -> bool:
@@ -285,12 +294,12 @@ def check_learning_signal(step_metrics: StepMetrics, *, steps_expected: int | No
                                 "grad norm not repeatedly zero", "provider"))
 
     constant = []
-    for key in sorted({k for m in training.values() for k in m if LOGPROB_RE.search(k) or ENTROPY_RE.search(k)}):
+    for key in sorted({k for m in training.values() for k in m if log_prob_signal(k)}):
         values = [v for _, v in series(training, key) if math.isfinite(v)]
         if len(values) >= MIN_SIGNAL_STEPS and max(values) - min(values) <= 1e-12 * max(1.0, abs(values[0])):
             constant.append(f"{key}={values[0]!r} at all {len(values)} steps")
     rep.findings.append(Finding("changing log-probs", not constant, "constant: " + "; ".join(constant) if constant
-                                else "log-prob and entropy metrics change between steps", "provider"))
+                                else "log-prob, KL and entropy metrics change between steps", "provider"))
 
     for key in headline_keys(step_metrics):
         t = trend_of(series(step_metrics, key, training_only=not VALIDATION_RE.search(key)), key, "up")

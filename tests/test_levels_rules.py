@@ -9,7 +9,7 @@ import pytest
 
 from env.settings import UsageError
 from sessions import level_rules, metrics
-from sessions.verdict import Verdict
+from sessions.verdict import Verdict, judge_log
 
 SERIES = "/runs/20261129T000000Z-level1-Qwen2.5-0.5B/checkpoints"
 
@@ -187,6 +187,23 @@ def test_frozen_adapter_zero_grad_constant_logprobs_and_missing_peft_block_are_f
     const = check(run_metrics(const_logprob=True)).failed
     assert [f.check for f in const] == ["changing log-probs"]
     assert "training/rollout_probs_diff_mean=0.003 at all 20 steps" in const[0].detail
+
+
+def test_real_h200_level5_log_prob_check_reads_log_probs_and_kl_never_the_validity_flag():
+    """h200_s2_level5_six_steps.log (issue 16.6): `training/rollout_probs_diff_valid` is 1.0 at every step; the
+    real log-prob/KL metrics moved (actor/kl_loss 5.2e-7 -> 1.36e-6), so the log-probs are not constant."""
+    from tests.test_real_logs import REAL_LOGS
+
+    v = judge_log(REAL_LOGS / "h200_s2_level5_six_steps.log")
+    assert v.result == "Pass" and v.steps_completed == 6
+    assert {v.step_metrics[s]["training/rollout_probs_diff_valid"] for s in range(1, 7)} == {1.0}
+    assert v.step_metrics[1]["actor/kl_loss"] == 5.22647525258435e-07
+    rep = check(v.step_metrics, steps_expected=6, adapter={}, lora_enabled=False, critic_expected=False)
+    logprob = next(f for f in rep.findings if f.check == "changing log-probs")
+    assert logprob.ok and "rollout_probs_diff_valid" not in logprob.detail, logprob.detail
+    assert not metrics.log_prob_signal("training/rollout_probs_diff_valid")
+    assert not metrics.log_prob_signal("actor/kl_coef") and not metrics.log_prob_signal("timing_s/old_log_prob")
+    assert metrics.log_prob_signal("actor/kl_loss") and metrics.log_prob_signal("rollout_corr/log_ppl_diff")
 
 
 def test_too_few_steps_is_not_a_learning_signal():
