@@ -219,7 +219,7 @@ def check_download_model(ctx: RunContext) -> Iterable[Check]:
     path = ctx.model_path
     if not ctx.download or path is None or (path / "config.json").is_file():
         return
-    if not ctx.probe:
+    if not ctx.probe or ctx.dry_run:
         yield Check("model download", SKIPPED, f"dry-run: would download {ctx.settings.model_id} to {path}")
         return
     p = plan(ctx.settings.model_id, ctx.settings, None, path)

@@ -50,7 +50,8 @@ class RunContext:
     pythonpath: str
     wrapper_env: dict[str, str]  # the level preset env (for TP x PP x CP)
     python: str = "python3"
-    probe: bool = True  # False in dry-run: run nothing
+    probe: bool = True  # False: run no probe (imports, Ray)
+    dry_run: bool = False  # a level's --dry-run: the same probes, but nothing downloaded or installed
     no_reward_model: bool = False
     image_python: bool = False  # running in the container's own Python (nox -s verl)
     dummy_config: Path | None = None
@@ -285,7 +286,7 @@ def check_apex(ctx: RunContext) -> Iterable[Check]:
             ctx.overrides.append(o)
     ctx.limitations.append("Apex fused_weight_gradient_mlp_cuda missing: gradient_accumulation_fusion=False "
                            "for actor, ref and critic")
-    yield Check("Apex fused kernel", WARN, "fused_weight_gradient_mlp_cuda missing: appending the three "
+    yield Check("Apex fused kernel", WARN, "fused_weight_gradient_mlp_cuda missing: appending the "
                 "gradient_accumulation_fusion=False overrides")
 
 

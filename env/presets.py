@@ -7,7 +7,9 @@ the variant's env and the run's env, in that order; no level has its own code pa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 WRAPPER = "tests/special_e2e/run_ppo_trainer_megatron.sh"
 
@@ -31,11 +33,29 @@ BASE_ENV: dict[str, str] = {
     "TEST_FREQ": "-1",
 }
 
-# Without Apex's fused_weight_gradient_mlp_cuda (and for Megatron-FSDP) the model build needs these three.
+# Without Apex's fused_weight_gradient_mlp_cuda (and for Megatron-FSDP) actor, ref and critic need
+# gradient_accumulation_fusion=False. verl's ref config (v0.9.0, HEAD) takes the actor's whole
+# override_transformer_config through `${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}`:
+# a key set on the ref replaces that inherited dict with one holding only the key, so the ref gets the actor's value
+# by inheritance, and its own override only from a verl whose ref config has a dict of its own.
 GRAD_ACCUM_FUSION_OFF: tuple[str, ...] = tuple(
     f"++{role}.megatron.override_transformer_config.gradient_accumulation_fusion=False"
-    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+    for role in ("actor_rollout_ref.actor", "critic")
 )
+REF_GRAD_ACCUM_FUSION_OFF = \
+    "++actor_rollout_ref.ref.megatron.override_transformer_config.gradient_accumulation_fusion=False"
+REF_CONFIG = "verl/trainer/config/ref/megatron_ref.yaml"
+_REF_INHERITS = re.compile(r"^\s*override_transformer_config:\s*\$\{oc\.select:actor_rollout_ref\.actor\.megatron\."
+                           r"override_transformer_config\b", re.M)
+
+
+def ref_fusion_override(verl_repo: Path | str) -> tuple[str, ...]:
+    """The ref's own gradient_accumulation_fusion override: none where it inherits the actor's (see above)."""
+    try:
+        text = (Path(verl_repo) / REF_CONFIG).read_text(errors="replace")
+    except OSError:
+        text = ""
+    return () if _REF_INHERITS.search(text) else (REF_GRAD_ACCUM_FUSION_OFF,)
 
 RUNTIME_ENV_PYTHONPATH = "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={}"
 NO_PROFILER = "global_profiler.tool=null"

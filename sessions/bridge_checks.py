@@ -72,8 +72,16 @@ def from_record(record: dict) -> BridgeChecks:
     limitations = []
     if record.get("missing_paths"):
         detail += f"; missing at this commit: {', '.join(record['missing_paths'])}"
-        limitations.append(f"targeted Bridge test path(s) missing at this commit (--allow-missing): "
-                           f"{', '.join(record['missing_paths'])}")
+        ran_the_rest = ""
+        if record.get("allow_missing"):
+            ran_the_rest = " (--allow-missing: the rest ran)" if record.get("pytest_exit") is not None else \
+                " (--allow-missing)"
+        carried = [t for ts in (record.get("successors") or {}).values() for t in ts
+                   if t not in (record.get("paths") or [])]
+        limitations.append(f"targeted Bridge test path(s) missing at this commit{ran_the_rest}: "
+                           f"{', '.join(record['missing_paths'])}"
+                           + (f"; not run: the tests that carry them on, {', '.join(dict.fromkeys(carried))}"
+                              if carried else ""))
     return BridgeChecks(record.get("result", "Fail"), detail, record, limitations)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from env import presets
 from env.cli import EXIT_BY_RESULT, one_line_errors
-from env.preflight import BLOCKED, RunContext, first_blocked, run_checks, status_table
+from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks, status_table
 from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import Resolved, UsageError, config_section, resolve
@@ -28,7 +28,7 @@ from sessions import level_rules
 from sessions.bridge_checks import BridgeChecks, not_requested
 from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
-from sessions.rundir import new_run_dir
+from sessions.rundir import new_run_dir, next_run_dir
 from sessions.verdict import Verdict
 
 RUN_FILE = "run.json"
@@ -215,7 +215,7 @@ def settings_env(settings: Resolved) -> dict[str, str]:
     return out
 
 
-def plan_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: Path | None) -> list[PlannedRun]:
+def plan_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: Path) -> list[PlannedRun]:
     level = presets.LEVELS[opts.number]
     runs = []
     for spec in level.runs:
@@ -231,11 +231,12 @@ def plan_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: 
         env["PYTHONPATH"] = ctx.pythonpath
         args = [presets.RUNTIME_ENV_PYTHONPATH.format(ctx.pythonpath), *level.overrides,
                 *(o for o in ctx.overrides if o not in level.overrides)]  # level 3 + no Apex: once each
+        if any(o in presets.GRAD_ACCUM_FUSION_OFF for o in args):
+            args += [o for o in presets.ref_fusion_override(ctx.verl.path) if o not in args]
         if opts.enforce_eager:
             args.append(presets.ENFORCE_EAGER)
         if level.owns_checkpoints:
-            ckpt = (run_dir or Path("<run-dir>")) / "checkpoints"
-            args.append(f"trainer.default_local_dir={ckpt}")
+            args.append(f"trainer.default_local_dir={run_dir / 'checkpoints'}")
         args += opts.extra_overrides  # last: later wins in Hydra
         script = opts.script or presets.WRAPPER
         log_name = "verl.log" if len(level.runs) == 1 else f"verl-{spec.name}.log"
@@ -263,7 +264,7 @@ def _say(msg: str) -> None:
     print(f"{TOOL_PREFIX} {msg}", flush=True)
 
 
-def build_context(opts: LevelOptions, settings: Resolved, probe: bool) -> RunContext:
+def build_context(opts: LevelOptions, settings: Resolved, probe: bool, dry_run: bool = False) -> RunContext:
     if settings.bridge_repo is None:
         raise UsageError("BRIDGE_REPO is not set (--bridge-repo or BRIDGE_REPO)")
     if settings.verl_repo is None:
@@ -282,46 +283,64 @@ def build_context(opts: LevelOptions, settings: Resolved, probe: bool) -> RunCon
         pythonpath=compose(Path(bridge.path), Path(verl.path), environ.get("PYTHONPATH")),
         wrapper_env=wrapper_env, python=str(settings.python or "python3"), probe=probe,
         no_reward_model=opts.no_reward_model, image_python=environ.get("VERL_E2E_IMAGE_PYTHON") == "1",
-        dummy_config=opts.dummy_config, download=opts.download, environ=environ,
+        dummy_config=opts.dummy_config, download=opts.download, environ=environ, dry_run=dry_run,
     )
+
+
+def prepare_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: Path,
+                 stop_at_blocked: bool = True) -> tuple[list[Check], list[PlannedRun]]:
+    """Preflight, then the runs it shapes (env, dropped variables, appended overrides such as the Apex, nsys and
+    reward-model ones): the one computation behind both a level run and its --dry-run, so that the dry-run prints
+    exactly the command the run starts."""
+    checks = run_checks(ctx, stop_at_blocked=stop_at_blocked)
+    if not stop_at_blocked or first_blocked(checks) is None:
+        checks += level_rules.level_checks(opts.number, ctx)
+    return checks, plan_runs(opts, settings, ctx, run_dir)
+
+
+def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: list[Check],
+                   planned: list[PlannedRun]) -> None:
+    print(f"# run directory, named when the run starts: {run_dir}")
+    for run in planned:
+        print(f"# run {run.name}: environment = this shell's, with:")
+        shown = redact_env({k: v for k, v in run.env.items() if ctx.environ.get(k) != v})
+        for k in sorted(shown):
+            print(f"export {k}={shlex.quote(shown[k])}")
+        for k in ctx.drop_env:
+            print(f"unset {k}")
+        if not settings.ray_address:
+            print(f"# then, in {ctx.verl.path}: ray stop --force")
+        print(f"# command (cwd {ctx.verl.path}):")
+        print(shlex.join(run.argv))
+    print("# preflight (the run's own checks; nothing downloaded or installed)")
+    print(status_table(checks))
+    blocked = first_blocked(checks)
+    if blocked is not None:
+        print(f"# the run would stop at '{blocked.name}' and start nothing")
 
 
 def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     opts, setting_flags = parse_options(number, flags, getattr(c, "remainder", ""))
     settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
-    ctx = build_context(opts, settings, probe=not opts.dry_run)
+    ctx = build_context(opts, settings, probe=True, dry_run=opts.dry_run)
     _validate_script(opts, ctx.verl.path)
     level = presets.LEVELS[number]
     if opts.enforce_eager:
         ctx.limitations.append("enforce_eager=True: vLLM CUDA-graph capture not exercised")
+    variant = f"-{opts.variant}" if opts.variant else ""
+    label = f"level{number}{variant}"
 
     if opts.dry_run:
-        checks = run_checks(ctx, stop_at_blocked=False)
-        checks += level_rules.level_checks(number, ctx)
-        for run in plan_runs(opts, settings, ctx, None):
-            print(f"# run {run.name}: environment = this shell's, with:")
-            shown = redact_env({k: v for k, v in run.env.items() if ctx.environ.get(k) != v})
-            for k in sorted(shown):
-                print(f"export {k}={shlex.quote(shown[k])}")
-            for k in ctx.drop_env:
-                print(f"unset {k}")
-            if not settings.ray_address:
-                print(f"# then, in {ctx.verl.path}: ray stop --force")
-            print(f"# command (cwd {ctx.verl.path}):")
-            print(shlex.join(run.argv))
-        print("# preflight (dry-run: import and Ray probes not run)")
-        print(status_table(checks))
+        run_dir = next_run_dir(Path(settings.log_dir), label, settings.model_id)
+        checks, planned = prepare_runs(opts, settings, ctx, run_dir, stop_at_blocked=False)
+        _print_dry_run(ctx, settings, run_dir, checks, planned)
         return 0
 
-    variant = f"-{opts.variant}" if opts.variant else ""
-    run_dir = new_run_dir(Path(settings.log_dir), f"level{number}{variant}", settings.model_id)
+    run_dir = new_run_dir(Path(settings.log_dir), label, settings.model_id)
     _say(f"run directory: {run_dir}")
-    checks = run_checks(ctx)
-    if first_blocked(checks) is None:
-        checks += level_rules.level_checks(number, ctx)
+    checks, planned = prepare_runs(opts, settings, ctx, run_dir)
     print(status_table(checks), flush=True)
     blocked = first_blocked(checks)
-    planned = plan_runs(opts, settings, ctx, run_dir)
     record: dict[str, Any] = {
         "level": number, "title": level.title, "variant": opts.variant, "options": asdict(opts),
         "settings": {k: (None if v is None else str(v)) for k, v in settings.values.items()},
@@ -433,6 +452,12 @@ def _import_deliverable(record: dict, judged: list[tuple[dict, Verdict]]) -> Del
     checks = {c["name"]: c for c in record["preflight"]}
     bridge_check = checks.get("megatron.bridge is the local checkout")
     if bridge_check is None:
+        # the import probe ran but stopped short of that check: its own result, never "did not run"
+        ran = checks.get("megatron.bridge imports") or checks.get("driver imports")
+        if ran is not None and ran["status"] == BLOCKED:
+            return Deliverable("Local Bridge import in verl", "Blocked", f"{ran['name']}: {ran['detail']}")
+        if ran is not None:
+            return Deliverable("Local Bridge import in verl", "Skipped", f"{ran['name']}: {ran['detail']}")
         return Deliverable("Local Bridge import in verl", "Skipped", "preflight stopped before the import check")
     if bridge_check["status"] == BLOCKED:
         return Deliverable("Local Bridge import in verl", "Blocked",

@@ -7,12 +7,18 @@ import time
 from pathlib import Path
 
 
-def new_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
+def next_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
+    """The directory a run started now would get (a dry-run prints it; nothing is created)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     model = re.sub(r"[^\w.\-]+", "_", model_id.split("/")[-1])
     base = Path(log_dir) / f"{stamp}-{label}-{model}"
     path, i = base, 1
     while path.exists():
         path, i = Path(f"{base}-{i}"), i + 1
+    return path
+
+
+def new_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
+    path = next_run_dir(log_dir, label, model_id)
     path.mkdir(parents=True)
     return path
