@@ -211,12 +211,13 @@ def slurm_logs(c, job, log_dir=None, follow=False):
         "no_reward_model": "passed to each level: GSM8K rule reward instead of the reward model (a Limitation)",
         "enforce_eager": "passed to each level: vLLM enforce_eager=True (a Limitation)",
         "dummy_config": "passed to each level: minimal HF config JSON for the dummy-model path",
+        "verbose": "passed to each level: stream the whole verl log, not a status line (VERL_E2E_VERBOSE=1)",
     },
 )
 @one_line_errors
 def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_run=False, bridge_repo=None,
          verl_repo=None, log_dir=None, num_gpus=None, model_path=None, skip_bridge_checks=False, bridge_tests=None,
-         allow_missing=False, no_reward_model=False, enforce_eager=False, dummy_config=None):
+         allow_missing=False, no_reward_model=False, enforce_eager=False, dummy_config=None, verbose=False):
     """Recommend the coverage levels the Bridge change justifies (with the rule and files behind each); --run runs them.
 
     The change: committed since the merge-base with --base, plus uncommitted and untracked files. Also names the
@@ -228,7 +229,7 @@ def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_
     flags = dict(model=model, bridge_repo=bridge_repo, verl_repo=verl_repo, log_dir=log_dir, num_gpus=num_gpus,
                  model_path=model_path, skip_bridge_checks=skip_bridge_checks, bridge_tests=bridge_tests,
                  allow_missing=allow_missing, no_reward_model=no_reward_model, enforce_eager=enforce_eager,
-                 dummy_config=dummy_config)
+                 dummy_config=dummy_config, verbose=verbose)
     return plan_command(c, flags, base=base, run=run, keep_going=keep_going, as_json=json, dry_run=dry_run)
 
 

@@ -144,7 +144,9 @@ def remote_task(
     err: BinaryIO | None = None,
 ) -> int:
     """The body of `invoke remote`; returns the exit code (the remote task's, or 2/3 for our own failures)."""
-    out = out or sys.stdout.buffer
+    from sessions.progress import Relay
+
+    out = out or Relay()  # the task's status lines: one line redrawn in place on a terminal
     err = err or sys.stderr.buffer
 
     def say(text: str) -> None:
@@ -220,6 +222,8 @@ def remote_task(
         return EXIT_BLOCKED
     finally:
         remote.close()
+        if isinstance(out, Relay):
+            out.close()
 
 
 def _counts(plan: SyncPlan) -> str:

@@ -421,7 +421,9 @@ def run_attached(p: SlurmPlan) -> int:
     argv = p.srun_argv()
     _say(f"srun step: {shlex.join(argv[:-1])} <step script>")
     proc = subprocess.Popen(argv, cwd=p.workdir, stdout=subprocess.PIPE)
-    started, tail, out = False, b"", sys.stdout.buffer
+    from sessions.progress import Relay
+
+    started, tail, out = False, b"", Relay()  # status lines: one line redrawn in place on a terminal
     try:
         while chunk := os.read(proc.stdout.fileno(), 65536):
             out.write(chunk)
@@ -435,6 +437,8 @@ def run_attached(p: SlurmPlan) -> int:
             proc.wait(timeout=30)
         finally:
             raise
+    finally:
+        out.close()
     if not started and code != 0:
         return _blocked(f"srun exited {code} before the step started (see srun's message above): cluster setup, "
                         f"not a verdict")

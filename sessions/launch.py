@@ -3,7 +3,8 @@
 The wrapper runs in its own process group (so a terminal Ctrl-C reaches us, not Ray directly); on SIGINT/SIGTERM
 of our process, or a stall (no output for `stall_timeout` s), the whole group gets SIGTERM, then SIGKILL after a
 grace period, and we keep draining its output so the log is complete up to its end. Known secret values are masked
-before a byte reaches the log or the terminal.
+before a byte reaches the log or the terminal. The log gets every byte first; the terminal gets what a display of
+sessions/progress.py makes of it (a status line, or the whole stream with --verbose).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "_KEY", "CREDENTIAL")
 MASK = b"***"
@@ -89,9 +89,19 @@ def run_logged(
     echo: BinaryIO | None = None,
     stall_timeout: float | None = None,
     secrets: Iterable[bytes] = (),
+    display: Any = None,
 ) -> LaunchResult:
-    """Run argv, tee its stdout+stderr into `log` (and `echo`), survive our own SIGINT/SIGTERM."""
-    echo = echo if echo is not None else sys.stdout.buffer
+    """Run argv, tee its stdout+stderr into `log` and to a display, survive our own SIGINT/SIGTERM.
+
+    `echo`: a stream that gets every byte (the old tee); else `display` (sessions/progress.py), by default the
+    status line of this process (or the whole stream when VERL_E2E_VERBOSE=1). The display is closed here.
+    """
+    from sessions import progress
+
+    if echo is not None:
+        display = progress.EchoDisplay(echo)
+    elif display is None:
+        display = progress.open_display(log_path.name, log_path.parent)
     redactor = Redactor(secrets)
     start = last_output = time.monotonic()
     termination: str | None = None
@@ -117,11 +127,7 @@ def run_logged(
         if data:
             log.write(data)
             log.flush()
-            try:
-                echo.write(data)
-                echo.flush()
-            except (BrokenPipeError, ValueError):
-                pass
+            display.feed(data)
 
     def on_signal(signum: int, _frame: object) -> None:
         if stop_deadline is not None:  # asked twice: no more grace
@@ -153,6 +159,7 @@ def run_logged(
                 if chunk:
                     last_output = time.monotonic()
                     write(redactor.feed(chunk))
+            display.tick()
             now = time.monotonic()
             if exited_at is None and proc.poll() is not None:
                 exited_at = now
@@ -173,4 +180,5 @@ def run_logged(
         _stop_group(proc, signal.SIGKILL)
         for sig, old in handlers.items():
             signal.signal(sig, old)
+        display.close(termination or f"exit {proc.returncode}")
     return LaunchResult(proc.returncode, termination, time.monotonic() - start, str(log_path), signal_name)

@@ -24,10 +24,10 @@ from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks,
 from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import Resolved, UsageError, config_section, resolve
-from sessions import level_rules
+from sessions import level_rules, progress
 from sessions.bridge_checks import BridgeChecks, not_requested
 from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
-from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
+from sessions.report import DELIVERABLES, Deliverable, overall_result, write_reports
 from sessions.rundir import new_run_dir, next_run_dir
 from sessions.verdict import Verdict
 
@@ -59,6 +59,7 @@ LEVEL_FLAGS: tuple[Flag, ...] = (
     Flag("stall_timeout", None, "minutes without output before the run is stopped as hung (STALL_TIMEOUT_MIN)",
          setting=True),
     Flag("dry_run", False, "print the exact environment and command, run nothing"),
+    Flag("verbose", False, "stream the whole verl log here, not a status line (VERL_E2E_VERBOSE=1)"),
     Flag("enforce_eager", False, "actor_rollout_ref.rollout.enforce_eager=True (a Limitation: no CUDA graphs)"),
     Flag("no_reward_model", False, "disable the reward model (GSM8K rule reward; a Limitation)"),
     Flag("dummy_config", None, "minimal HF config JSON: dummy model, construction and mechanics only"),
@@ -108,6 +109,7 @@ class LevelOptions:
     number: int
     variant: str | None = None
     dry_run: bool = False
+    verbose: bool = False
     enforce_eager: bool = False
     no_reward_model: bool = False
     dummy_config: Path | None = None
@@ -327,6 +329,8 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     level = presets.LEVELS[number]
     if opts.enforce_eager:
         ctx.limitations.append("enforce_eager=True: vLLM CUDA-graph capture not exercised")
+    if opts.verbose or settings.verbose:  # also for the processes this level starts (nox -s bridge_unit)
+        os.environ[progress.VERBOSE_ENV] = "1"
     variant = f"-{opts.variant}" if opts.variant else ""
     label = f"level{number}{variant}"
 
@@ -377,7 +381,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
 
     summary = summarize_run_dir(run_dir)
     write_reports(run_dir, summary)
-    print(render_markdown(summary), flush=True)
+    print(progress.outcome(summary, run_dir, [(e["name"], run_dir / e["log"]) for e in record["runs"]]), flush=True)
     _say(f"run directory: {run_dir}")
     if level.owns_checkpoints and not opts.keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -415,8 +419,11 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
             header = f"{TOOL_PREFIX} level {record['level']} run {run.name}: {entry['command']}\n"
             log.write(header.encode())
             _ray_stop(ctx, settings, run, log)
+            steps = run.wrapper_env.get("TOTAL_TRAIN_STEPS")
+            display = progress.verl_display("verl" if len(planned) == 1 else f"verl run {run.name}", run_dir,
+                                            level=record["level"], steps=int(steps) if steps else None)
             result = run_logged(run.argv, cwd=Path(ctx.verl.path), env=run.env, log=log, log_path=log_path,
-                                stall_timeout=stall, secrets=secrets)
+                                stall_timeout=stall, secrets=secrets, display=display)
             log.write(f"\n{TOOL_PREFIX} wrapper exit code {result.exit_code}"
                       f"{f', {result.termination}' if result.termination else ''} after {result.duration_s:.1f}s\n"
                       .encode())

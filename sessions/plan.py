@@ -29,6 +29,7 @@ from env.plan_rules import Family, Rule
 from env.repos import RepoError, open_repo
 from env.settings import UsageError, config_section, resolve
 from sessions.launch import TOOL_PREFIX
+from sessions.progress import Relay
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_junit
 from sessions.rundir import new_run_dir
 
@@ -604,7 +605,7 @@ def execute(plan: Plan, passthrough: list[str], remainder: list[str], keep_going
 PASSTHROUGH: dict[str, bool] = {
     "bridge_repo": True, "verl_repo": True, "log_dir": True, "num_gpus": True, "model_path": True,
     "bridge_tests": True, "dummy_config": True, "skip_bridge_checks": False, "no_reward_model": False,
-    "enforce_eager": False, "allow_missing": False,
+    "enforce_eager": False, "allow_missing": False, "verbose": False,
 }
 
 
@@ -658,9 +659,7 @@ def plan_command(c: Any, flags: dict[str, Any], base: str | None = None, run: bo
             sys.stdout.write(render_text(plan, passthrough, chosen) + "Nothing to run.\n")
         return 0
     out = sys.stderr if as_json else sys.stdout
-
-    def echo(line: str) -> None:
-        print(line, file=out, flush=True)
+    echo = (relay := Relay(out)).line  # each level's status lines: one line redrawn in place on a terminal
 
     if dry_run:  # every level's own --dry-run: its exact environment and command, nothing started
         if not as_json:
@@ -684,6 +683,7 @@ def plan_command(c: Any, flags: dict[str, Any], base: str | None = None, run: bo
         " --keep-going" if keep_going else "")
     summary, plan_dir, results = execute(plan, passthrough, remainder, keep_going, model_for,
                                          Path(settings.log_dir), plan_cmd, echo, settings.model_id)
+    relay.close()
     if as_json:
         json.dump(summary, sys.stdout, indent=2, default=str)
         print()

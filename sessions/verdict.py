@@ -879,3 +879,35 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
     else:
         print(format_verdict(verdict))
     return EXIT_BY_RESULT[verdict.final_result]
+
+
+class LiveJudge:
+    """The engine fed one physical line at a time while the log is being written (the launcher's tee), for the
+    live status line (sessions/progress.py): the same needles and classification as `judge_log`, no second parser.
+    """
+
+    NEEDLES = tuple(n.encode() for n in ALL_NEEDLES)
+
+    def __init__(self, *, level: int | None = None):
+        self._judge = _Judge(level, None, None, None, None)
+
+    def feed(self, line: bytes) -> None:
+        for needle in self.NEEDLES:
+            if needle in line:
+                self._judge.feed_bytes(line)
+                return
+
+    @property
+    def phase(self) -> str:
+        """The current activity by the engine's phase markers (one of PHASES)."""
+        return self._judge.phase
+
+    @property
+    def step(self) -> int:
+        """Highest training step logged so far."""
+        return self._judge.max_step
+
+    @property
+    def steps_expected(self) -> int | None:
+        """Steps the log says the run will train (printed total, Hydra override, traced command), if it said."""
+        return self._judge._expected_steps()[0]

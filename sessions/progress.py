@@ -1,0 +1,427 @@
+"""What the terminal shows while a run goes on: one status line, not the wrapper's thousands of lines.
+
+The launcher (sessions/launch.py) writes every byte to the run's log first and then hands it to a display here:
+- `StatusDisplay`: feeds each line to the verdict engine's `LiveJudge` (the same needles and phase markers that
+  judge the log afterwards; nothing here parses verl's output) and shows phase, step N/M, elapsed, a rough time
+  left once steps tick, time since the last log line and the run directory. On a terminal that is one line
+  redrawn in place (rich's `Live`: it keeps the line to the terminal's width and owns the cursor codes); anywhere
+  else (CI, nohup, Slurm files) a plain `[verl-e2e] status: ...` line on each phase change and step, never `\\r`.
+- `EchoDisplay`: `--verbose` / VERL_E2E_VERBOSE=1, the whole log as it arrives (the old behaviour).
+- `Relay`: for the commands that run a level somewhere else and pass its output on (`plan --run`, `remote`,
+  `slurm` attached): the child, whose stdout is a pipe, prints plain status lines; on a terminal the relay
+  redraws them in place as one line, elsewhere it passes everything through untouched.
+After the run, `outcome` gives what a user needs: on Fail/Blocked the first error, its hint and the log's last
+lines, then the summary's Result line and where the report is.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, TextIO
+
+from sessions.launch import TOOL_PREFIX
+
+VERBOSE_ENV = "VERL_E2E_VERBOSE"
+STATUS_PREFIX = f"{TOOL_PREFIX} status: "
+ENDED_MARK = " · ended: "  # the last status line of a run (a relay stops redrawing there)
+TAIL_LINES = 20
+REFRESH_PER_SECOND = 4
+QUIET_NOTE_S = 300.0  # plain output: a status line after this long without log output (still alive, or hung)
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+def verbose_requested(environ: Any = None) -> bool:
+    """--verbose (the level task sets the variable for itself and its children) or VERL_E2E_VERBOSE=1."""
+    environ = os.environ if environ is None else environ
+    return str(environ.get(VERBOSE_ENV, "")).strip().lower() in TRUE_WORDS
+
+
+def is_terminal(stream: Any) -> bool:
+    """A terminal that can redraw a line: a tty whose TERM is not `dumb`."""
+    try:
+        return os.isatty(stream.fileno()) and os.environ.get("TERM", "") != "dumb"
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def duration(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The status of one run
+
+
+@dataclass
+class Status:
+    label: str  # "verl", "verl run A", "Bridge-side checks"
+    run_dir: Path
+    started: float
+    steps_fallback: int | None = None  # the run's TOTAL_TRAIN_STEPS, until the log says how many steps it trains
+    phase: str = "launch"
+    step: int = 0
+    steps_expected: int | None = None
+    last_output: float = 0.0
+    phase_since: float = 0.0  # when the current phase began (the first step's time is measured from it)
+    step_times: list[tuple[int, float]] = field(default_factory=list)  # (step, when) of each new highest step
+    ended: str | None = None  # "exit 0", "interrupted", "timeout"
+
+    def __post_init__(self) -> None:
+        self.last_output = self.phase_since = self.started
+
+    @property
+    def total(self) -> int | None:
+        return self.steps_expected or self.steps_fallback
+
+    def update(self, phase: str, step: int, steps_expected: int | None, now: float) -> bool:
+        """Take the engine's view; True when the phase or the step changed (a plain line is due)."""
+        changed = False
+        if step > self.step:
+            if not self.step_times:
+                self.step_times.append((self.step, self.phase_since))  # the loop's start: before the first step
+            self.step_times.append((step, now))
+            self.step, changed = step, True
+        if phase != self.phase:
+            self.phase, self.phase_since, changed = phase, now, True
+        self.steps_expected = steps_expected or self.steps_expected
+        return changed
+
+    def seconds_left(self, now: float) -> float | None:
+        """Rough time left: the mean time per step so far times the steps to go (None before a step ticked)."""
+        total = self.total
+        if not total or self.step >= total or len(self.step_times) < 2:
+            return None
+        (first_step, first_t), (last_step, last_t) = self.step_times[0], self.step_times[-1]
+        per_step = (last_t - first_t) / max(1, last_step - first_step)
+        return max(0.0, per_step * (total - self.step) - (now - last_t))
+
+    def fields(self, now: float, *, idle: bool) -> list[str]:
+        parts = [self.label, self.phase]
+        total = self.total
+        if total or self.step:
+            parts.append(f"step {self.step}/{total if total else '?'}")
+        parts.append(f"{duration(now - self.started)} elapsed")
+        left = self.seconds_left(now)
+        if left is not None:
+            parts.append(f"~{duration(left)} left")
+        if idle:
+            parts.append(f"last output {duration(now - self.last_output)} ago")
+        parts.append(str(self.run_dir))
+        if self.ended:
+            parts[-1] += f"{ENDED_MARK}{self.ended}"
+        return parts
+
+    def plain(self, now: float, *, idle: bool = False) -> str:
+        return STATUS_PREFIX + " · ".join(self.fields(now, idle=idle))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Terminal rendering (rich)
+
+
+class TerminalLine:
+    """One line redrawn in place under the normal output, with rich's Live (its own refresh thread, so elapsed
+    and idle times move between log lines); `print` goes above it."""
+
+    def __init__(self, stream: TextIO, renderable: Any):
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(file=stream, force_terminal=True, force_interactive=True, highlight=False,
+                               soft_wrap=False)
+        self.live = Live(renderable, console=self.console, auto_refresh=True,
+                         refresh_per_second=REFRESH_PER_SECOND, transient=False, redirect_stdout=True,
+                         redirect_stderr=True)
+        self.live.start()
+
+    def print(self, text: str) -> None:
+        from rich.text import Text
+
+        self.console.print(Text.from_ansi(text), soft_wrap=True)
+
+    def refresh(self) -> None:
+        self.live.refresh()
+
+    def stop(self) -> None:
+        self.live.stop()
+
+
+class _StatusRenderable:
+    """Rendered by rich at each refresh from the live Status: phase, a step bar, the rest on one line."""
+
+    def __init__(self, status: Status):
+        self.status = status
+
+    def __rich__(self) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        st, now = self.status, time.monotonic()
+        label, phase, *rest = st.fields(now, idle=st.ended is None)
+        grid = Table.grid(padding=(0, 1))
+        head = Text.assemble((label, "bold"), " ", (phase, "cyan" if st.ended is None else "bold"))
+        if st.total:
+            grid.add_column(no_wrap=True)
+            grid.add_column(width=20, no_wrap=True)
+            grid.add_column(no_wrap=True, overflow="ellipsis")
+            bar = ProgressBar(total=st.total, completed=min(st.step, st.total), width=20)
+            grid.add_row(head, bar, Text(" · ".join(rest)))
+        else:
+            grid.add_column(no_wrap=True)
+            grid.add_column(no_wrap=True, overflow="ellipsis")
+            grid.add_row(head, Text(" · ".join(rest)))
+        return grid
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Displays fed by the launcher
+
+
+class EchoDisplay:
+    """--verbose: every byte as it arrives (after redaction), as before."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+
+    def feed(self, data: bytes) -> None:
+        try:
+            self.stream.write(data)
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def tick(self) -> None:
+        pass
+
+    def close(self, ended: str | None = None) -> None:
+        pass
+
+
+class StatusDisplay:
+    """Splits the launcher's stream into lines for the engine's `LiveJudge` and shows the resulting status."""
+
+    def __init__(self, status: Status, judge: Any | None, out: TextIO, terminal: bool):
+        self.status, self.judge, self.out = status, judge, out
+        self.pending = b""
+        self.quiet_noted = status.started
+        self.terminal = TerminalLine(out, _StatusRenderable(status)) if terminal else None
+        if self.terminal is None:
+            self._plain()
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        now = time.monotonic()
+        self.status.last_output = now
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self._line(line, now)
+
+    def _line(self, line: bytes, now: float) -> None:
+        if line.startswith(TOOL_PREFIX.encode()):  # the launcher's own notes (stopping, timeout): always shown
+            self._print(line.decode("utf-8", "replace"))
+        elif self.judge is not None:
+            self.judge.feed(line)  # after each line: every phase change and step gets its plain line
+            if self.status.update(self.judge.phase, self.judge.step, self.judge.steps_expected, now):
+                if self.terminal is None:
+                    self._plain()
+
+    def tick(self) -> None:
+        """Between lines: plain output notes a long silence (a hung run shows in a Slurm log file)."""
+        now = time.monotonic()
+        if self.terminal is None and now - max(self.status.last_output, self.quiet_noted) >= QUIET_NOTE_S:
+            self.quiet_noted = now
+            self._plain(idle=True)
+
+    def close(self, ended: str | None = None) -> None:
+        if self.pending:
+            self._line(self.pending, time.monotonic())
+            self.pending = b""
+        self.status.ended = ended or "ended"
+        if self.terminal is not None:
+            self.terminal.refresh()
+            self.terminal.stop()
+        else:
+            self._plain()
+
+    def _plain(self, idle: bool = False) -> None:
+        self._print(self.status.plain(time.monotonic(), idle=idle))
+
+    def _print(self, text: str) -> None:
+        if self.terminal is not None:
+            self.terminal.print(text)
+            return
+        try:
+            print(text, file=self.out, flush=True)
+        except (BrokenPipeError, ValueError):
+            pass
+
+
+def open_display(label: str, run_dir: Path, *, judge: Any | None = None, steps: int | None = None,
+                 verbose: bool | None = None, out: TextIO | None = None):
+    """The display for one launched process: the full log with --verbose, else its status line."""
+    verbose = verbose_requested() if verbose is None else verbose
+    out = out or sys.stdout
+    if verbose:
+        return EchoDisplay(out.buffer if hasattr(out, "buffer") else out)
+    status = Status(label, run_dir, time.monotonic(), steps_fallback=steps)
+    if judge is None:
+        status.phase = "running"  # no phases known for what is not verl
+    return StatusDisplay(status, judge, out, terminal=is_terminal(out))
+
+
+def verl_display(label: str, run_dir: Path, *, level: int | None, steps: int | None):
+    """A verl run's display: the verdict engine reads the stream as it arrives."""
+    from sessions.verdict import LiveJudge
+
+    return open_display(label, run_dir, judge=None if verbose_requested() else LiveJudge(level=level),
+                        steps=steps)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Relaying a child's output (plan --run, remote, slurm attached)
+
+
+class Relay:
+    """A binary stream for another process's output: on a terminal, its plain status lines become one line
+    redrawn in place (marked with how long ago the child last printed); elsewhere bytes pass through as they are."""
+
+    def __init__(self, out: TextIO | None = None):
+        self.out = out or sys.stdout
+        self.binary: BinaryIO = getattr(self.out, "buffer", self.out)
+        self.terminal = is_terminal(self.out)
+        self.pending = b""
+        self.status_text: str | None = None
+        self.last_line = time.monotonic()
+        self.line_view: TerminalLine | None = None
+
+    # -- file-like (remote's stream, slurm's read loop) -------------------------------------------------------
+    def write(self, data: bytes) -> int:
+        if not self.terminal:
+            self.binary.write(data)
+            return len(data)
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            self.line(line.decode("utf-8", "replace"))
+        return len(data)
+
+    def flush(self) -> None:
+        if not self.terminal:
+            try:
+                self.binary.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+    # -- line by line (plan's echo) -----------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.last_line = time.monotonic()
+        if not self.terminal:
+            print(text, file=self.out, flush=True)
+            return
+        if text.startswith(STATUS_PREFIX):
+            self.status_text = text[len(STATUS_PREFIX):]
+            if self.line_view is None:
+                self.line_view = TerminalLine(self.out, self)
+            if ENDED_MARK in text:
+                self._stop()
+            return
+        if self.line_view is not None:
+            self.line_view.print(text)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def __rich__(self) -> Any:
+        from rich.text import Text
+
+        ago = duration(time.monotonic() - self.last_line)
+        return Text(f"{self.status_text} · updated {ago} ago", no_wrap=True, overflow="ellipsis")
+
+    def _stop(self) -> None:
+        if self.line_view is not None:
+            self.line_view.refresh()
+            self.line_view.stop()
+            self.line_view = None
+
+    def close(self) -> None:
+        if self.pending:
+            self.line(self.pending.decode("utf-8", "replace"))
+            self.pending = b""
+        self._stop()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# After the run
+
+
+def tail_lines(path: Path, n: int = TAIL_LINES, max_bytes: int = 256 << 10) -> list[str]:
+    """The last `n` lines of a log as a terminal should show them: ANSI codes out, a `\\r` redraw as its last
+    state."""
+    from sessions.logstream import ANSI_RE
+
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - max_bytes))
+        data = handle.read()
+    lines = data.decode("utf-8", "replace").split("\n")  # not splitlines: `\r` is a redraw, not a line end
+    if size > max_bytes:
+        lines = lines[1:]  # the first one is cut
+    shown = []
+    for line in lines:
+        line = ANSI_RE.sub("", line)
+        shown.append(next((seg for seg in reversed(line.split("\r")) if seg.strip()), "").rstrip())
+    while shown and not shown[-1]:
+        shown.pop()
+    return shown[-n:]
+
+
+def _failure(summary: dict, logs: Iterable[tuple[str, Path]], run_dir: Path) -> tuple[str | None, str | None,
+                                                                                          Path | None]:
+    """(first error, hint, log to show the tail of) for a run that is not Pass."""
+    verdicts = summary.get("verdicts") or {}
+    logs = [(name, path) for name, path in logs if path.is_file()]
+    for name, path in logs:
+        verdict = verdicts.get(name) or {}
+        if verdict.get("result") not in (None, "Pass") or verdict.get("first_error"):
+            return verdict.get("first_error"), verdict.get("hint"), path
+    bridge = next((d for d in summary.get("deliverables", []) if d["name"] == "Bridge-side checks"), None)
+    if not logs and bridge and bridge["status"] in ("Fail", "Blocked"):
+        log = run_dir / "bridge_unit.log"
+        return bridge["detail"], None, log if log.is_file() else None
+    return None, None, logs[-1][1] if logs else None
+
+
+def outcome(summary: dict, run_dir: Path, logs: Iterable[tuple[str, Path]], *, verbose: bool | None = None) -> str:
+    """What the terminal gets after a level: with --verbose the whole summary (as before); else on Fail/Blocked
+    the first error, its hint and the last log lines, then the Result line and the report's path."""
+    from sessions.report import render_markdown
+
+    markdown = render_markdown(summary)
+    if verbose_requested() if verbose is None else verbose:
+        return markdown
+    out = []
+    if summary["result"] != "Pass":
+        error, hint, log = _failure(summary, logs, run_dir)
+        if error:
+            out.append(f"First error: {error}")
+        if hint:
+            out.append(f"Hint: {hint}")
+        if log is not None:
+            tail = tail_lines(log)
+            out.append(f"Last {len(tail)} lines of {log}:")
+            out += [f"  {line}" for line in tail]
+    out.append(markdown.splitlines()[0])
+    out.append(f"{TOOL_PREFIX} report: {run_dir / 'summary.md'}")
+    return "\n".join(out)
