@@ -29,6 +29,7 @@ from env.repos import RepoError, bridge_state, verl_state
 from env.settings import Resolved, UsageError, config_section, resolve
 from sessions.launch import TOOL_PREFIX
 from sessions.level import RUN_FILE, LevelOptions, make_level_task, parse_options
+from sessions.progress import Relay
 from sessions.rundir import new_run_dir
 from sessions.verdict import CATEGORIES
 
@@ -282,7 +283,7 @@ class Bisection:
     def __init__(self, opts: Options, line: LevelLine, runner: LevelRunner | None = None):
         self.opts = opts
         self.line = line
-        self.runner = runner or LevelRunner(line)
+        self.runner = runner or LevelRunner(line, echo=Relay().line)  # status: one line on a terminal
         path = line.settings.bridge_repo if opts.repo == "bridge" else line.settings.verl_repo
         if path is None:
             env = "BRIDGE_REPO" if opts.repo == "bridge" else "VERL_REPO"

@@ -109,7 +109,6 @@ class LevelOptions:
     number: int
     variant: str | None = None
     dry_run: bool = False
-    verbose: bool = False
     enforce_eager: bool = False
     no_reward_model: bool = False
     dummy_config: Path | None = None
@@ -322,6 +321,7 @@ def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: l
 
 
 def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
+    verbose = flags.pop("verbose", False)  # how the run is shown, not what it is: not in run.json's options
     opts, setting_flags = parse_options(number, flags, getattr(c, "remainder", ""))
     settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
     ctx = build_context(opts, settings, probe=True, dry_run=opts.dry_run)
@@ -329,7 +329,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     level = presets.LEVELS[number]
     if opts.enforce_eager:
         ctx.limitations.append("enforce_eager=True: vLLM CUDA-graph capture not exercised")
-    if opts.verbose or settings.verbose:  # also for the processes this level starts (nox -s bridge_unit)
+    if verbose or settings.verbose:  # also for the processes this level starts (nox -s bridge_unit)
         os.environ[progress.VERBOSE_ENV] = "1"
     variant = f"-{opts.variant}" if opts.variant else ""
     label = f"level{number}{variant}"

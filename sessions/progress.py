@@ -16,6 +16,7 @@ lines, then the summary's Result line and where the report is.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import Any, BinaryIO, TextIO
 from sessions.launch import TOOL_PREFIX
 
 VERBOSE_ENV = "VERL_E2E_VERBOSE"
+TOOL_NOTE = TOOL_PREFIX.encode()
 STATUS_PREFIX = f"{TOOL_PREFIX} status: "
 ENDED_MARK = " · ended: "  # the last status line of a run (a relay stops redrawing there)
 TAIL_LINES = 20
@@ -143,6 +145,7 @@ class TerminalLine:
                          refresh_per_second=REFRESH_PER_SECOND, transient=False, redirect_stdout=True,
                          redirect_stderr=True)
         self.live.start()
+        atexit.register(self.stop)  # a child that died before its last status line: the cursor comes back
 
     def print(self, text: str) -> None:
         from rich.text import Text
@@ -153,7 +156,8 @@ class TerminalLine:
         self.live.refresh()
 
     def stop(self) -> None:
-        self.live.stop()
+        self.live.stop()  # idempotent
+        atexit.unregister(self.stop)
 
 
 class _StatusRenderable:
@@ -224,13 +228,27 @@ class StatusDisplay:
             return
         now = time.monotonic()
         self.status.last_output = now
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        for line in lines:
+        block = self.pending + data
+        cut = block.rfind(b"\n") + 1
+        self.pending = block[cut:]
+        for line in self._wanted(block, cut):
             self._line(line, now)
 
+    def _wanted(self, block: bytes, cut: int) -> list[bytes]:
+        """The whole lines of block[:cut] that hold one of the engine's needles or start with our prefix, in order:
+        found with bytes.find over the block (C speed), so the bulk of a log costs no Python per line."""
+        needles = (*self.judge.NEEDLES, TOOL_NOTE) if self.judge is not None else (TOOL_NOTE,)
+        starts = set()
+        for needle in needles:
+            pos = block.find(needle, 0, cut)
+            while pos != -1:
+                starts.add(block.rfind(b"\n", 0, pos) + 1)
+                end = block.find(b"\n", pos, cut)
+                pos = block.find(needle, end + 1, cut)
+        return [block[start:block.find(b"\n", start, cut)] for start in sorted(starts)]
+
     def _line(self, line: bytes, now: float) -> None:
-        if line.startswith(TOOL_PREFIX.encode()):  # the launcher's own notes (stopping, timeout): always shown
+        if line.startswith(TOOL_NOTE):  # the launcher's own notes (stopping, timeout): always shown
             self._print(line.decode("utf-8", "replace"))
         elif self.judge is not None:
             self.judge.feed(line)  # after each line: every phase change and step gets its plain line
@@ -247,8 +265,9 @@ class StatusDisplay:
 
     def close(self, ended: str | None = None) -> None:
         if self.pending:
-            self._line(self.pending, time.monotonic())
-            self.pending = b""
+            block, self.pending = self.pending + b"\n", b""
+            for line in self._wanted(block, len(block)):
+                self._line(line, time.monotonic())
         self.status.ended = ended or "ended"
         if self.terminal is not None:
             self.terminal.refresh()
