@@ -413,7 +413,7 @@ def _failure(summary: dict, logs: Iterable[tuple[str, Path]], run_dir: Path) -> 
     logs = [(name, path) for name, path in logs if path.is_file()]
     for name, path in logs:
         verdict = verdicts.get(name) or {}
-        if verdict.get("result") not in (None, "Pass") or verdict.get("first_error"):
+        if (verdict.get("level_result") or verdict.get("result")) not in (None, "Pass") or verdict.get("first_error"):
             return verdict.get("first_error"), verdict.get("hint"), path
     bridge = next((d for d in summary.get("deliverables", []) if d["name"] == "Bridge-side checks"), None)
     if not logs and bridge and bridge["status"] in ("Fail", "Blocked"):
