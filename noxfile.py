@@ -35,7 +35,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def bridge_unit(session: nox.Session) -> None:
-    """Megatron-Bridge's targeted unit tests in $BRIDGE_REPO (`uv run python -m pytest -q`), recorded for levels.
+    """Megatron-Bridge's targeted unit tests in $BRIDGE_REPO, as Bridge's CI runs them, recorded for levels.
 
     Posargs: extra model-specific test paths, and `--allow-missing` to run the rest when a targeted path does not
     exist at this commit, e.g. `nox -s bridge_unit -- tests/unit_tests/models/qwen/test_qwen3_provider.py`.
