@@ -1,12 +1,16 @@
-"""Benchmark: the full verdict on a >= 1 GiB verl log vs the procedure's grep, plus our peak memory.
+"""Benchmark: `invoke judge` on a 1 GiB verl log vs the procedure's grep, with the failure at the start, the middle
+and the end of the log.
 
-    .venv/bin/python bench/judge.py [--size-mib 1024 --small-mib 256 --dir /tmp --keep]
+    /work/venv/bin/python bench/judge.py [--size-mib 1024 --dir /tmp --keep]
 
-Builds realistic logs (wrapper trace, Ray start, model build, then many training steps with vLLM, worker, tqdm
-and metrics lines, ANSI colours and `\\r` redraws, then shutdown noise) at two sizes, and for each size prints:
-our `judge_log` wall time and peak RSS (measured in a fresh child process), and the wall time of
-`grep -E "Training Progress|VANILLA_MBRIDGE|Traceback|RuntimeError|KeyError|ValueError" FILE | wc -l` on the
-same file in the same run (piped: GNU grep stops at the first match when its output is /dev/null).
+For each placement it builds a realistic log in --dir (wrapper trace, Ray start, model build, training steps with
+vLLM, worker, tqdm and metrics lines, ANSI colours and `\\r` redraws; at the placement a CUDA OOM kills the run:
+the worker's OOM line without a traceback header, the driver's Hydra/RayTaskError chain; after it the workers'
+chatter goes on until the file has its size), then measures in the same run, each in a fresh process:
+- ours: `invoke judge --log F --json` (process start included): wall, CPU (user+sys), peak RSS;
+- grep: `grep -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
+It prints the figures, the ratios (target: <= 2x grep CPU and wall, <= 64 MiB RSS) and whether the verdict and the
+first error are the same in all three placements.
 """
 
 from __future__ import annotations
@@ -14,17 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the project is run from its checkout, not installed
 GREP_PATTERN = "Training Progress|VANILLA_MBRIDGE|Traceback|RuntimeError|KeyError|ValueError"
 ESC = "\x1b"
 TR = f"{ESC}[36m(TaskRunnerV1 pid=2101){ESC}[0m"
 WD = f"{ESC}[36m(WorkerDict pid=2288, ip=10.0.0.4){ESC}[0m"
 VS = f"{ESC}[36m(vLLMHttpServer pid=2301){ESC}[0m {ESC}[36m(EngineCore pid=2355){ESC}[0m"
+OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB"
 
 HEAD = [
     "[verl-e2e] level 5 model=Qwen/Qwen2.5-0.5B",
@@ -40,10 +47,19 @@ HEAD = [
     f"{WD}   Adapter parameters: 1,081,344", f"{WD}   Trainable percentage: 0.22%",
     f"{VS} INFO 08-14 12:01:15 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: model='/m'",
 ]
+FAILURE = [
+    f"{WD} {OOM}",  # the worker's line: no traceback header before it
+    "Error executing job with overrides: ['trainer.total_training_steps={total}']",
+    "Traceback (most recent call last):",
+    '  File "/workspace/verl/verl/trainer/main_ppo.py", line 96, in run_ppo',
+    "ray.exceptions.RayTaskError(OutOfMemoryError): ray::WorkerDict.actor_rollout_update_actor() (pid=2288)",
+    OOM,
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+]
 
 
-def step_block(step: int, total: int) -> str:
-    """One training step's worth of console output (~30 KB, one metrics line)."""
+def chatter(step: int, total: int) -> list[str]:
+    """One step's worth of worker output other than its metrics line (~30 KB)."""
     lines = []
     for i in range(40):
         lines.append(
@@ -57,102 +73,88 @@ def step_block(step: int, total: int) -> str:
         )
         lines.append(f"{TR} \rTraining Progress:  {i}%|#    | {step - 1}/{total} [00:{i % 60:02d}<01:00, 1.2s/it]")
         lines.append(f"{WD} update_actor micro batch {i}: loss scale 1.0, tokens 4096, seqlen balance 0.98")
-    metrics = " - ".join(
+    return lines
+
+
+def metrics(step: int) -> str:
+    return f"{TR} " + " - ".join(
         [f"step:{step}", f"training/global_step:{step}", "training/epoch:np.int64(0)"]
         + [f"actor/metric_{k}:np.float64(0.{k:04d}123456)" for k in range(60)]
         + ["actor/pg_loss:np.float64(-0.0123)", "actor/grad_norm:0.4567", "critic/vf_loss:2.1e-03"]
     )
-    lines.append(f"{TR} {metrics}")
-    return "\n".join(lines) + "\n"
 
 
-TAIL = [
-    "/usr/lib/python3.12/multiprocessing/resource_tracker.py:279: UserWarning: resource_tracker: There appear to be "
-    "1 leaked semaphore objects to clean up at shutdown",
-    "Exception ignored in atexit callback: <function _exit_function at 0x7f3c2a1b2c20>",
-    "Traceback (most recent call last):",
-    "RuntimeError: DataLoader worker (pid 3412) is killed by signal: Killed. ",
-]
-
-
-def build_log(path: Path, size_mib: int) -> int:
-    """Write a healthy multi-step log of about size_mib MiB; returns the number of steps."""
-    block_size = len(step_block(1, 1).encode())
-    total = max(1, (size_mib << 20) // block_size)
+def build_log(path: Path, size_mib: int, placement: str) -> int:
+    """A log of about size_mib MiB whose run dies of a CUDA OOM at `placement`; returns the steps it trains."""
+    block = len(("\n".join(chatter(1, 1)) + "\n" + metrics(1) + "\n").encode())
+    total = max(2, (size_mib << 20) // block)
+    trained = {"start": 0, "middle": total // 2, "end": total - 1}[placement]
     with open(path, "w", encoding="utf-8", buffering=1 << 20) as out:
         out.write("\n".join(HEAD).format(total=total) + "\n")
         for step in range(1, total + 1):
-            out.write(step_block(step, total))
-        out.write("\n".join(TAIL) + "\n")
-    return total
+            out.write("\n".join(chatter(step, total)) + "\n")
+            if step <= trained:
+                out.write(metrics(step) + "\n")
+            elif step == trained + 1:
+                out.write("\n".join(FAILURE).format(total=total) + "\n")
+    return trained
 
 
-def judge_in_child(path: Path) -> dict:
-    """Our full verdict in a fresh interpreter: wall time and the child's own peak RSS."""
-    code = (
-        "import json, resource, sys, time\n"
-        "from sessions.verdict import judge_log\n"
-        "t0, c0 = time.perf_counter(), time.process_time()\n"
-        "v = judge_log(sys.argv[1])\n"
-        "wall, cpu = time.perf_counter() - t0, time.process_time() - c0\n"
-        "print(json.dumps({'wall_s': wall, 'cpu_s': cpu,"
-        " 'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss"
-        " / 1024, 'result': v.result, 'category': v.category, 'steps': v.steps_completed,"
-        " 'expected': v.steps_expected, 'kept_steps': len(v.step_metrics)}))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    return json.loads(done.stdout)
-
-
-def grep_wall(path: Path) -> tuple[float, float, int]:
-    """(wall s, CPU s of grep + wc, matching lines). CPU time stays honest when other jobs share the cores."""
-    before = os.times()
+def measured(argv: list[str] | str, shell: bool = False) -> tuple[float, float, float, str]:
+    """(wall s, CPU s, peak RSS MiB, stdout) of one fresh process, reaped by os.wait4 so that its own rusage (with
+    the children it waited for: grep and wc under the shell) is read."""
     t0 = time.perf_counter()
-    done = subprocess.run(
-        f'grep -E "{GREP_PATTERN}" "{path}" | wc -l', shell=True, capture_output=True, text=True, check=True
-    )
+    proc = subprocess.Popen(argv, shell=shell, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    chunks = []
+    while True:
+        data = proc.stdout.read(1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0  # reaped here; keep Popen from waiting again
     wall = time.perf_counter() - t0
-    after = os.times()
-    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
-    return wall, cpu, int(done.stdout.strip())
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, b"".join(chunks).decode()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
-    parser.add_argument("--small-mib", type=int, default=256)
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
+    parser.add_argument("--runs", type=int, default=2, help="runs of each command (the best is reported)")
     args = parser.parse_args()
-    rows = []
-    for size in (args.small_mib, args.size_mib):
-        path = Path(args.dir) / f"verl-judge-bench-{size}mib.log"
-        steps = build_log(path, size)
-        real_mib = path.stat().st_size / (1 << 20)
+    invoke = shutil.which("invoke", path=str(Path(sys.executable).parent)) or shutil.which("invoke")
+    if not invoke:
+        print("error: invoke not found next to this Python or on PATH")
+        return 2
+    from sessions.verdict import scan_matcher
+
+    print(f"prefilter: {scan_matcher().engine}; grep pattern: {GREP_PATTERN!r}")
+    answers, ok = {}, True
+    for placement in ("start", "middle", "end"):
+        path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
+        trained = build_log(path, args.size_mib, placement)
+        mib = path.stat().st_size / (1 << 20)
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # same page-cache state for both
-        grep_runs = [grep_wall(path)]
-        ours_runs = [judge_in_child(path)]
-        grep_runs.append(grep_wall(path))
-        ours_runs.append(judge_in_child(path))
-        grep_s, grep_cpu, grep_lines = min(grep_runs)
-        ours = min(ours_runs, key=lambda run: run["wall_s"])
-        ours_cpu = min(run["cpu_s"] for run in ours_runs)
-        grep_cpu = min(run[1] for run in grep_runs)
-        rows.append((real_mib, steps, ours, grep_s, grep_lines))
-        print(
-            f"{real_mib:6.0f} MiB {steps:6d} steps | ours wall {ours['wall_s']:5.2f} s cpu {ours_cpu:5.2f} s, "
-            f"peak RSS {ours['peak_rss_mib']:5.1f} MiB -> {ours['result']}/{ours['category']} "
-            f"{ours['steps']}/{ours['expected']} | grep wall {grep_s:5.2f} s cpu {grep_cpu:5.2f} s "
-            f"({grep_lines} lines) | ratio wall {ours['wall_s'] / grep_s:4.2f}x cpu {ours_cpu / grep_cpu:4.2f}x"
-        )
+        ours = [measured([invoke, "judge", "--log", str(path), "--json"]) for _ in range(args.runs)]
+        grep = [measured(f'grep -E "{GREP_PATTERN}" "{path}" | wc -l', shell=True) for _ in range(args.runs)]
+        o_wall, g_wall = min(r[0] for r in ours), min(r[0] for r in grep)
+        o_cpu, g_cpu = min(r[1] for r in ours), min(r[1] for r in grep)
+        rss = max(r[2] for r in ours)
+        verdict = json.loads(ours[0][3])
+        answers[placement] = (verdict["result"], verdict["category"], verdict["first_error"])
+        within = o_cpu <= 2 * g_cpu and o_wall <= 2 * g_wall and rss <= 64
+        ok &= within
+        print(f"{placement:6s} {mib:6.0f} MiB, dies after step {trained:5d}: ours wall {o_wall:5.2f} s cpu {o_cpu:5.2f} s "
+              f"rss {rss:5.1f} MiB | grep wall {g_wall:5.2f} s cpu {g_cpu:5.2f} s | ratio wall {o_wall / g_wall:4.2f}x "
+              f"cpu {o_cpu / g_cpu:4.2f}x {'ok' if within else 'OVER TARGET'} | {verdict['result']}/"
+              f"{verdict['category']} steps {verdict['steps_completed']}")
         if not args.keep:
-            os.unlink(path)
-    (small, large) = rows[0][2], rows[-1][2]
-    print(f"peak RSS {small['peak_rss_mib']:.1f} MiB at {rows[0][0]:.0f} MiB vs {large['peak_rss_mib']:.1f} MiB at "
-          f"{rows[-1][0]:.0f} MiB (flat = memory does not grow with log size)")
-    return 0
+            path.unlink()
+    same = len(set(answers.values())) == 1
+    print(f"same verdict and first error in all placements: {same} -> {answers['start']}")
+    return 0 if ok and same else 1
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+# pyarrow is imported where a parquet file is read: importing this module (every `invoke` task does, through
+# tasks.py) must not cost pyarrow's 0.7 s start-up, e.g. for `invoke judge`.
 
 # column -> nested fields that verl's PPO data path reads (verl-interface.md, "Data")
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -17,7 +18,9 @@ REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _struct_fields(t: pa.DataType) -> set[str] | None:
+def _struct_fields(t: Any) -> set[str] | None:
+    import pyarrow as pa
+
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         t = t.value_type
     if pa.types.is_struct(t):
@@ -30,6 +33,8 @@ def validate_parquet(path: Path | str) -> list[str]:
     path = Path(path)
     if not path.is_file():
         return [f"{path}: missing"]
+    import pyarrow.parquet as pq
+
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow raises several types for corrupt files
@@ -57,6 +62,8 @@ SPLITS = ("train.parquet", "test.parquet")
 
 
 def row_count(path: Path) -> int:
+    import pyarrow.parquet as pq
+
     return pq.ParquetFile(path).metadata.num_rows
 
 

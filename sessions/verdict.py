@@ -26,7 +26,15 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sessions.logstream import LogLine, ScanStats, join_wrapped, normalise, scan_file, step_line_match
+from sessions.logstream import (
+    LogLine,
+    NeedleMatcher,
+    ScanStats,
+    join_wrapped,
+    normalise,
+    scan_file,
+    step_line_match,
+)
 from sessions.patterns import (
     ACTOR_DEATH_CAUSES,
     CATEGORY_HINTS,
@@ -149,6 +157,15 @@ OPTIONAL_MODULE_RE = re.compile(
 )
 ALL_NEEDLES = SCAN_NEEDLES + (LAST_ONLY_NEEDLE, COMPLETE_BAR_NEEDLE)
 SCAN_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES + (COMPLETE_BAR_NEEDLE,))
+_MATCHER: NeedleMatcher | None = None
+
+
+def scan_matcher() -> NeedleMatcher:
+    """The judge's needle matcher (built once per process)."""
+    global _MATCHER
+    if _MATCHER is None:
+        _MATCHER = NeedleMatcher(SCAN_NEEDLES_BYTES)
+    return _MATCHER
 TABLE = compiled()
 BLOCKED_EVIDENCE = "blocked"
 ANY_SOURCE = "*"  # key of the latest frame area of any source (pasted excerpts lose prefixes)
@@ -821,12 +838,15 @@ def judge_log(
     exit_code: int | None = None,
     termination: str | None = None,
     bridge_src: str | None = None,
+    matcher: NeedleMatcher | None = None,
 ) -> Verdict:
     """Judge a log file, streamed in large chunks (constant memory, every line searched). `bridge_src`: the
-    expected `$BRIDGE_REPO/src`; a megatron.bridge path printed outside it fails the level's Bridge criterion."""
+    expected `$BRIDGE_REPO/src`; a megatron.bridge path printed outside it fails the level's Bridge criterion.
+    `matcher`: the line prefilter (tests pass one without Hyperscan to check both find the same lines)."""
     _check_termination(termination)
     judge = _Judge(level, steps_expected, exit_code, termination, bridge_src)
-    for raw in scan_file(path, SCAN_NEEDLES_BYTES, last_only_needle=LAST_ONLY_NEEDLE.encode(), stats=ScanStats()):
+    matcher = scan_matcher() if matcher is None else matcher
+    for raw in scan_file(path, matcher, last_only_needle=LAST_ONLY_NEEDLE.encode(), stats=ScanStats()):
         judge.feed_bytes(raw)
     return judge.finish()
 

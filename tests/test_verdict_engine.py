@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 from sessions import patterns
 from sessions.logstream import join_wrapped, normalise, scan_file
@@ -110,3 +112,18 @@ def test_judge_command_exit_codes_and_unreadable_log(tmp_path, capsys):
     assert judge_command(str(tmp_path / "missing.log")) == 2
     assert capsys.readouterr().out.startswith("error: ")
     assert judge_command(str(path), steps="x") == 2
+
+
+def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
+    """Hyperscan (when installed) and the bytes.find fallback hand the judge the same lines: same verdicts."""
+    from sessions.logstream import NeedleMatcher
+    from sessions.verdict import SCAN_NEEDLES_BYTES, scan_matcher
+    from tests.test_real_logs import REAL_LOGS
+
+    plain = NeedleMatcher(SCAN_NEEDLES_BYTES, use_hyperscan=False)
+    logs = sorted(REAL_LOGS.glob("*.log")) + sorted((Path(__file__).parent / "logs").glob("*.log"))
+    assert len(logs) > 100
+    for path in logs:
+        assert list(scan_file(path, plain)) == list(scan_file(path, scan_matcher())), path.name
+        same = json.dumps(judge_log(path, matcher=plain).to_json()) == json.dumps(judge_log(path).to_json())
+        assert same, path.name  # (json: nan compares equal to nan)
