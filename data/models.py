@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from env.checks import BLOCKED, OK, SKIPPED, Check
 from env.settings import Resolved
 
 if TYPE_CHECKING:
-    from env.preflight import Check, RunContext
+    from env.checks import RunContext
 
 REWARD_MODEL_ID = "Skywork/Skywork-Reward-V2-Llama-3.2-1B"  # the wrapper's default reward model
 MARKER = ".verl_e2e_download.json"  # written after a complete snapshot
@@ -214,8 +215,6 @@ def download_command(settings: Resolved, model: str | None, reward_model: bool, 
 
 def check_download_model(ctx: RunContext) -> Iterable[Check]:
     """`--download` on a level: fetch the model into MODEL_PATH when it is absent (after `check_model`)."""
-    from env.preflight import BLOCKED, OK, SKIPPED, Check
-
     path = ctx.model_path
     if not ctx.download or path is None or (path / "config.json").is_file():
         return

@@ -9,66 +9,41 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
 
 from data.gsm8k import validate_parquet
 from data.models import check_download_model
 from env import presets
+from env.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, RunContext
 from env.gpus import detect_gpus
+from env.modelopt import PACKAGE as MODELOPT_PACKAGE
 from env.modelopt import check_container_setup
-from env.pythonpath import ImportProbe, ProbeError, is_under, probe_imports
+from env.pythonpath import (
+    FLASH_ATTN_MODULES,
+    ProbeError,
+    bridge_modelopt_imports,
+    is_under,
+    package_of,
+    probe_imports,
+    verl_bridge_imports,
+)
 from env.ray_probe import check_ray_worker
-from env.repos import MEGATRON_LM, RepoState
-from env.settings import Resolved
+from env.repos import MEGATRON_LM
 
-OK, WARN, BLOCKED, SKIPPED = "ok", "warn", "blocked", "skipped"
+__all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "run_checks", "status_table"]
+
 IMAGE_MEGATRON_LM = Path("/workspace/Megatron-LM")  # the wrapper prepends it to PYTHONPATH
 MIN_FREE_GIB, WARN_FREE_GIB = 1.0, 20.0
 
 
-@dataclass
-class Check:
-    name: str
-    status: str  # ok | warn | blocked | skipped
-    detail: str
-    fix: str | None = None
-    category: str | None = None  # verdict category when blocked
-
-    def to_json(self) -> dict:
-        return self.__dict__.copy()
+def submodule_fix(bridge: Path) -> str:
+    return (f"git -C {bridge} submodule update --init {MEGATRON_LM} (installing megatron-core instead gives the "
+            "site-packages skew the procedure warns about)")
 
 
-@dataclass
-class RunContext:
-    """What preflight knows and decides about one level run."""
-
-    settings: Resolved
-    bridge: RepoState
-    verl: RepoState
-    pythonpath: str
-    wrapper_env: dict[str, str]  # the level preset env (for TP x PP x CP)
-    python: str = "python3"
-    probe: bool = True  # False: run no probe (imports, Ray)
-    dry_run: bool = False  # a level's --dry-run: the same probes, but nothing downloaded or installed
-    no_reward_model: bool = False
-    image_python: bool = False  # running in the container's own Python (nox -s verl)
-    dummy_config: Path | None = None
-    download: bool = False
-    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    # decisions
-    env: dict[str, str] = field(default_factory=dict)  # set for the run
-    drop_env: list[str] = field(default_factory=list)  # removed for the run
-    overrides: list[str] = field(default_factory=list)  # Hydra overrides appended by preflight
-    limitations: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    imports: ImportProbe | None = None
-    model_path: Path | None = None
-    evidence: dict = field(default_factory=dict)  # facts for the report (bridge file, worker file, ...)
-
-
-CheckFn = Callable[[RunContext], Iterable[Check]]
+def megatron_lm_empty(bridge: Path) -> bool:
+    return not (bridge / MEGATRON_LM / "megatron" / "core").is_dir()
 
 
 def check_repos(ctx: RunContext) -> Iterable[Check]:
@@ -81,8 +56,9 @@ def check_imports(ctx: RunContext) -> Iterable[Check]:
     if not ctx.probe:
         yield Check("driver imports", SKIPPED, "dry-run: import probe not run")
         return
+    modules = verl_bridge_imports(Path(ctx.verl.path)) + bridge_modelopt_imports(Path(ctx.bridge.path))
     try:
-        ctx.imports = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path))
+        ctx.imports = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=modules)
     except ProbeError as e:
         yield Check("driver imports", BLOCKED, str(e), "set VERL_PYTHON / --python to the Python that runs verl",
                     "env-dependency")
@@ -98,8 +74,7 @@ def check_imports(ctx: RunContext) -> Iterable[Check]:
     err = ctx.imports.error_of("megatron.bridge")
     if err:
         yield Check("megatron.bridge imports", BLOCKED, f"{bridge_file}: {err}",
-                    "install the missing dependency in the run's Python (or run inside the verl image: "
-                    "nox -s verl -- ...)", "env-dependency")
+                    _missing_fix(ctx, ctx.imports.raw["megatron.bridge"]), "env-dependency")
         return
     yield Check("megatron.bridge is the local checkout", OK, bridge_file)
 
@@ -110,7 +85,7 @@ def check_imports(ctx: RunContext) -> Iterable[Check]:
         yield Check("megatron.core origin", OK, f"{core_file} (Bridge's {MEGATRON_LM})")
     else:
         yield Check("megatron.core origin", WARN, f"megatron.core comes from {core_file or ctx.imports.error_of('megatron.core')}, "
-                    f"not {expected_core}", f"check out the {MEGATRON_LM} submodule (git submodule update --init)")
+                    f"not {expected_core}", submodule_fix(Path(ctx.bridge.path)))
     if (IMAGE_MEGATRON_LM / "megatron" / "core").is_dir():
         ctx.notes.append(f"the wrapper prepends {IMAGE_MEGATRON_LM} to PYTHONPATH: megatron.core in the run comes from there")
         yield Check("image Megatron-LM shadowing", WARN, f"{IMAGE_MEGATRON_LM} exists and the wrapper puts it first",
@@ -125,17 +100,73 @@ def check_imports(ctx: RunContext) -> Iterable[Check]:
                     "env-dependency")
         return
     yield Check("verl is the local checkout", OK, verl_file)
+    yield from _build_imports(ctx)
+
+
+def _missing_fix(ctx: RunContext, result: dict) -> str:
+    """The fix for a failed import: the package that provides the missing module, by name."""
+    missing = result.get("missing")
+    if missing and missing.startswith("megatron.core") and megatron_lm_empty(Path(ctx.bridge.path)):
+        return submodule_fix(Path(ctx.bridge.path))
+    if _through_modelopt(result):
+        return (f"invoke install-modelopt (pip installs {MODELOPT_PACKAGE} with its dependencies"
+                + (f": {package_of(missing)} is missing)" if missing else ")"))
+    if missing:
+        return f"{ctx.python} -m pip install {package_of(missing)} (provides {missing}; or run inside the verl image)"
+    return "install the missing dependency in the run's Python (or run inside the verl image: nox -s verl -- ...)"
+
+
+def _through_modelopt(result: dict) -> bool:
+    """The failing import chain runs through modelopt's own files (a dependency of modelopt is missing)."""
+    missing = result.get("missing") or ""
+    return missing.split(".")[0] != "modelopt" and any(
+        f"{os.sep}modelopt{os.sep}" in f for f in result.get("via", []))
+
+
+def _build_imports(ctx: RunContext) -> Iterable[Check]:
+    """What verl's Megatron model build, LoRA and checkpoint code import from Bridge (read from the verl checkout)
+    must import in the run's Python: e.g. training.config -> data.builders -> megatron.energon. A failure through
+    modelopt is check_modelopt's to report (same import, one fix)."""
+    name = "Bridge modules verl imports"
+    modules = [m for m in verl_bridge_imports(Path(ctx.verl.path)) if m != "megatron.bridge"]
+    if not modules:
+        return
+    for module in modules:
+        result = ctx.imports.import_result(module)
+        if result.get("error") and not _through_modelopt(result):
+            missing = result.get("missing")
+            what = f"the package {package_of(missing)} is missing" if missing else "it fails"
+            yield Check(name, BLOCKED, f"import {module} (verl imports it to build/train/save the model): "
+                        f"{result['error']} — {what}", _missing_fix(ctx, result), "env-dependency")
+            return
+    yield Check(name, OK, f"{len(modules)} modules import ({', '.join(m.removeprefix('megatron.bridge.') for m in modules)})")
 
 
 def check_modelopt(ctx: RunContext) -> Iterable[Check]:
-    """Preflight 4: modelopt is needed on verl's checkpoint paths."""
+    """Preflight 4: modelopt is needed on verl's checkpoint paths: present, and what Bridge's checkpointing imports
+    from it (verl's LoRA save path) imports — a modelopt installed without its dependencies (pulp) is Blocked."""
     if ctx.imports is None:
         yield Check("modelopt", SKIPPED, "needs the import probe")
-    elif ctx.imports.raw.get("modelopt"):
-        yield Check("modelopt", OK, "nvidia-modelopt importable")
-    else:
-        yield Check("modelopt", BLOCKED, "nvidia-modelopt is not importable in the run's Python",
+        return
+    if not ctx.imports.present("modelopt"):
+        yield Check("modelopt", BLOCKED, f"{MODELOPT_PACKAGE} is not installed in the run's Python",
                     "invoke install-modelopt", "env-dependency")
+        return
+    save_path = bridge_modelopt_imports(Path(ctx.bridge.path))
+    for module in save_path:
+        result = ctx.imports.import_result(module)
+        if result.get("error"):
+            yield Check("modelopt", BLOCKED, f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA "
+                        f"save path) fails: {result['error']}", _missing_fix(ctx, result), "env-dependency")
+            return
+    for module, result in ctx.imports.raw.get("imports", {}).items():
+        if result.get("error") and _through_modelopt(result):
+            yield Check("modelopt", BLOCKED, f"import {module} fails inside modelopt: {result['error']}",
+                        _missing_fix(ctx, result), "env-dependency")
+            return
+    detail = f"{MODELOPT_PACKAGE} present" + (f"; {', '.join(save_path)} imports (LoRA save path)" if save_path
+                                                else "")
+    yield Check("modelopt", OK, detail)
 
 
 def check_data(ctx: RunContext) -> Iterable[Check]:
@@ -281,13 +312,42 @@ def check_apex(ctx: RunContext) -> Iterable[Check]:
     if ctx.imports.raw.get("apex_fused"):
         yield Check("Apex fused kernel", OK, "fused_weight_gradient_mlp_cuda importable")
         return
-    for o in presets.GRAD_ACCUM_FUSION_OFF:
-        if o not in ctx.overrides:
-            ctx.overrides.append(o)
+    ours = [o for o in presets.not_overridden(presets.GRAD_ACCUM_FUSION_OFF, ctx.user_overrides)
+            if o not in ctx.overrides]
+    if not ours:
+        yield Check("Apex fused kernel", WARN, "fused_weight_gradient_mlp_cuda missing; your own overrides after -- "
+                    "set gradient_accumulation_fusion")
+        return
+    ctx.overrides.extend(ours)
     ctx.limitations.append("Apex fused_weight_gradient_mlp_cuda missing: gradient_accumulation_fusion=False "
                            "for actor, ref and critic")
     yield Check("Apex fused kernel", WARN, "fused_weight_gradient_mlp_cuda missing: appending the "
                 "gradient_accumulation_fusion=False overrides")
+
+
+def check_flash_attn(ctx: RunContext) -> Iterable[Check]:
+    """verl asks TE for attention_backend=flash; without flash-attn TE has no backend and the first forward raises
+    "No dot product attention backend is available": use cuDNN's fused attention (a Limitation)."""
+    name = "flash-attn"
+    if ctx.imports is None:
+        yield Check(name, SKIPPED, "needs the import probe")
+        return
+    found = [m for m in FLASH_ATTN_MODULES if ctx.imports.present(m)]
+    if found:
+        yield Check(name, OK, f"{', '.join(found)} present (verl's attention_backend=flash)")
+        return
+    existing = [*ctx.base_overrides, *ctx.overrides, *ctx.user_overrides]
+    ours = presets.not_overridden(presets.attention_fused(ctx.verl.path, existing), ctx.user_overrides)
+    if not ours:
+        yield Check(name, WARN, "flash-attn not installed in the run's Python; your own overrides after -- set "
+                    "attention_backend")
+        return
+    ctx.overrides.extend(o for o in ours if o not in ctx.overrides)
+    roles = ", ".join(o.split(".megatron.")[0].removeprefix("++").split(".")[-1] for o in ours)
+    ctx.limitations.append(f"flash-attn not installed in the run's Python: attention_backend=fused (cuDNN fused "
+                           f"attention) for {roles}; flash attention not exercised")
+    yield Check(name, WARN, f"flash-attn not installed ({', '.join(FLASH_ATTN_MODULES)} not found): appending "
+                f"attention_backend=fused for {roles}")
 
 
 def check_ray_cpus(ctx: RunContext) -> Iterable[Check]:
@@ -334,6 +394,7 @@ CHECKS: list[CheckFn] = [
     check_visible_devices,
     check_uv,
     check_apex,
+    check_flash_attn,  # after check_apex: its ref override decides whether the ref needs its own
     check_ray_cpus,
     check_container_image,
 ]

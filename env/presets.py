@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from env.checks import override_key
+
 WRAPPER = "tests/special_e2e/run_ppo_trainer_megatron.sh"
 
 # The procedure's Level 0 exports, shared by every level.
@@ -49,13 +51,40 @@ _REF_INHERITS = re.compile(r"^\s*override_transformer_config:\s*\$\{oc\.select:a
                            r"override_transformer_config\b", re.M)
 
 
-def ref_fusion_override(verl_repo: Path | str) -> tuple[str, ...]:
-    """The ref's own gradient_accumulation_fusion override: none where it inherits the actor's (see above)."""
+def ref_inherits(verl_repo: Path | str) -> bool:
+    """verl's ref config takes the actor's override_transformer_config (v0.9.0 and HEAD do)."""
     try:
         text = (Path(verl_repo) / REF_CONFIG).read_text(errors="replace")
     except OSError:
         text = ""
-    return () if _REF_INHERITS.search(text) else (REF_GRAD_ACCUM_FUSION_OFF,)
+    return bool(_REF_INHERITS.search(text))
+
+
+def ref_fusion_override(verl_repo: Path | str) -> tuple[str, ...]:
+    """The ref's own gradient_accumulation_fusion override: none where it inherits the actor's (see above)."""
+    return () if ref_inherits(verl_repo) else (REF_GRAD_ACCUM_FUSION_OFF,)
+
+# Without flash-attn in the run's Python, TE has no backend for verl's default attention_backend=flash ("No dot
+# product attention backend is available" in the first forward): cuDNN's fused attention instead. The ref inherits
+# the actor's override_transformer_config (see above; with LoRA the ref even runs inside the actor); it gets its
+# own key only where verl's ref config does not inherit, or where another override already replaced that node.
+ATTENTION_ROLES = ("actor_rollout_ref.actor", "critic")
+REF_TRANSFORMER_CONFIG = "actor_rollout_ref.ref.megatron.override_transformer_config."
+
+
+def attention_fused(verl_repo: Path | str, existing: list[str]) -> tuple[str, ...]:
+    """The attention_backend=fused overrides for a run that already has `existing` overrides."""
+    roles = list(ATTENTION_ROLES)
+    if not ref_inherits(verl_repo) or any(override_key(o).startswith(REF_TRANSFORMER_CONFIG) for o in existing):
+        roles.insert(1, "actor_rollout_ref.ref")
+    return tuple(f"++{role}.megatron.override_transformer_config.attention_backend=fused" for role in roles)
+
+
+def not_overridden(ours: tuple[str, ...] | list[str], user: list[str]) -> list[str]:
+    """Our overrides minus those whose key the user sets after `--` (the user's own override wins)."""
+    theirs = {override_key(o) for o in user}
+    return [o for o in ours if override_key(o) not in theirs]
+
 
 RUNTIME_ENV_PYTHONPATH = "++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={}"
 NO_PROFILER = "global_profiler.tool=null"

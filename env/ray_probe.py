@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from env.pythonpath import is_under
+from env.checks import BLOCKED, OK, SKIPPED, WARN, Check
+from env.pythonpath import is_under, run_entries
 from env.repos import MEGATRON_LM
 
 if TYPE_CHECKING:
-    from env.preflight import Check, RunContext
+    from env.checks import RunContext
 
 PROBE_TIMEOUT_S = 180.0  # local cluster start + worker start; a hung probe must not eat the run
 
@@ -88,18 +89,23 @@ class RayProbe:
     driver_error: str | None = None
 
 
-def _driver_pythonpath(environ: dict[str, str], worker_pythonpath: str) -> str:
-    """The driver's own PYTHONPATH without the run's entries: the worker must get them from runtime_env alone."""
-    run_parts = set(worker_pythonpath.split(os.pathsep))
-    return os.pathsep.join(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in run_parts)
+def _driver_pythonpath(environ: dict[str, str], own_entries: list[str]) -> str:
+    """The driver's PYTHONPATH without the run's own entries (the checkouts under test): the worker must get those
+    from runtime_env alone. Everything else the user has there (e.g. the stack with ray itself) stays."""
+    own = set(own_entries)
+    return os.pathsep.join(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in own)
 
 
 def probe_ray_worker(python: str, pythonpath: str, address: str | None = None, cwd: Path | None = None,
-                     environ: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S) -> RayProbe:
-    """Ask a Ray worker (one per node) where it imports megatron.bridge / megatron.core from."""
+                     environ: dict[str, str] | None = None, timeout: float = PROBE_TIMEOUT_S,
+                     own_entries: list[str] | None = None) -> RayProbe:
+    """Ask a Ray worker (one per node) where it imports megatron.bridge / megatron.core from.
+
+    own_entries: the checkouts' PYTHONPATH entries, kept from the driver (default: all of `pythonpath`)."""
     environ = dict(os.environ if environ is None else environ)
     env = {k: v for k, v in environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = _driver_pythonpath(environ, pythonpath)
+    env["PYTHONPATH"] = _driver_pythonpath(environ, own_entries if own_entries is not None
+                                           else pythonpath.split(os.pathsep))
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     probe = RayProbe(address)
     try:
@@ -125,8 +131,6 @@ def probe_ray_worker(python: str, pythonpath: str, address: str | None = None, c
 
 def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
     """Preflight 3: a Ray worker, given the run's runtime_env PYTHONPATH, imports this Bridge checkout."""
-    from env.preflight import BLOCKED, OK, SKIPPED, WARN, Check
-
     name = "Ray worker imports the local Bridge"
     if not ctx.probe:
         yield Check(name, SKIPPED, "dry-run: Ray probe not run")
@@ -139,7 +143,8 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
     address = ctx.settings.ray_address
     where = f"Ray cluster at {address}" if address else "a throwaway local Ray cluster"
     fix = f"++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ctx.pythonpath} (the level adds it)"
-    probe = probe_ray_worker(ctx.python, ctx.pythonpath, address, cwd=Path(ctx.verl.path), environ=ctx.environ)
+    probe = probe_ray_worker(ctx.python, ctx.pythonpath, address, cwd=Path(ctx.verl.path), environ=ctx.environ,
+                             own_entries=run_entries(Path(ctx.bridge.path), Path(ctx.verl.path)))
     if address and probe.cluster_cpus is not None:
         ctx.evidence["ray_cluster_cpus"] = probe.cluster_cpus
     if probe.driver_error:
@@ -177,8 +182,11 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
         ctx.evidence.setdefault("worker_core_file", core.get("file"))
         detail = f"{where}, worker on {host}: megatron.bridge from {bridge_file}"
         if bridge.get("error"):
-            # the checkout is found; a missing dependency is the driver check's business (same Python)
-            detail += f" (import error: {bridge['error']})"
+            # the checkout is found but does not import: never a ✔ (the driver check names the missing package)
+            yield Check(name, BLOCKED, f"{detail}, but importing it fails: {bridge['error']}",
+                        "install the missing package in the run's Python (the workers run the same Python)",
+                        "env-dependency")
+            return
         yield Check(name, OK, detail)
         if is_under(core.get("file"), expected_core):
             yield Check("Ray worker megatron.core origin", OK, f"{core.get('file')} ({host})")

@@ -285,6 +285,7 @@ def build_context(opts: LevelOptions, settings: Resolved, probe: bool, dry_run: 
         wrapper_env=wrapper_env, python=str(settings.python or "python3"), probe=probe,
         no_reward_model=opts.no_reward_model, image_python=environ.get("VERL_E2E_IMAGE_PYTHON") == "1",
         dummy_config=opts.dummy_config, download=opts.download, environ=environ, dry_run=dry_run,
+        user_overrides=list(opts.extra_overrides), base_overrides=list(level.overrides),
     )
 
 

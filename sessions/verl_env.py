@@ -3,7 +3,7 @@
 The session has no venv of its own (`venv_backend="none"`): verl runs in the image's own Python (VERL_PYTHON, else
 `python3` on PATH), whose torch / vLLM / Transformer-Engine stack is never reinstalled. PYTHONPATH is the
 procedure's (Bridge src, Bridge 3rdparty/Megatron-LM, verl). nvidia-modelopt is installed only when that Python
-cannot import it. The task then runs with VERL_E2E_IMAGE_PYTHON=1, which preflight reads as "use the installed
+cannot import it (or what the LoRA save path imports from it). The task then runs with VERL_E2E_IMAGE_PYTHON=1, which preflight reads as "use the installed
 Python" (VERL_USE_UV=0, said in the report).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from env.modelopt import ensure_modelopt
-from env.pythonpath import ProbeError, compose, probe_imports
+from env.pythonpath import ProbeError, bridge_modelopt_imports, compose, probe_imports
 from env.settings import UsageError, resolve
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -49,8 +49,9 @@ def run_in_image(task_args: list[str], environ: dict[str, str], echo=_say) -> in
         raise UsageError("BRIDGE_REPO and VERL_REPO must be set: they make the PYTHONPATH of the verl environment")
     python = image_python(settings)
     pythonpath = compose(Path(settings.bridge_repo), Path(settings.verl_repo), environ.get("PYTHONPATH"))
+    save_path = bridge_modelopt_imports(Path(settings.bridge_repo))
     try:
-        probe = probe_imports(python, pythonpath, cwd=Path(settings.verl_repo))
+        probe = probe_imports(python, pythonpath, cwd=Path(settings.verl_repo), imports=save_path)
     except ProbeError as e:
         raise UsageError(f"{e} (run `nox -s verl` inside the verl image, or set VERL_PYTHON)") from None
     verl_error = probe.error_of("verl")
@@ -60,13 +61,15 @@ def run_in_image(task_args: list[str], environ: dict[str, str], echo=_say) -> in
     echo(f"Python {python} ({probe.raw.get('version')}); verl from {probe.file_of('verl')}")
     echo(f"PYTHONPATH={pythonpath}")
 
-    if probe.raw.get("modelopt"):
+    broken = [m for m in save_path if probe.import_result(m).get("error")]
+    if probe.present("modelopt") and not broken:
         echo("modelopt importable: nothing installed")
     else:
         try:
-            _, record = ensure_modelopt(python, settings.modelopt_index_url, Path(settings.log_dir), echo)
+            _, record = ensure_modelopt(python, settings.modelopt_index_url, Path(settings.log_dir), echo,
+                                        save_path=save_path or None, pythonpath=pythonpath)
         except RuntimeError as e:
-            raise UsageError(f"nvidia-modelopt is missing and could not be installed: {e}") from None
+            raise UsageError(f"nvidia-modelopt is missing or incomplete and could not be installed: {e}") from None
         echo(f"container-setup record: {record}")
 
     env = dict(environ, PYTHONPATH=pythonpath, VERL_PYTHON=python, VERL_E2E_IMAGE_PYTHON="1")

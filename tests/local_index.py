@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,34 +22,43 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_wheel(folder: Path) -> Path:
-    """A valid pure-Python wheel named nvidia-modelopt that provides `modelopt`."""
-    dist = f"nvidia_modelopt-{VERSION}.dist-info"
-    files = {
-        "modelopt/__init__.py": f'__version__ = "{VERSION}"\n'.encode(),
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: nvidia-modelopt\nVersion: {VERSION}\n".encode(),
-        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: verl-bridge-e2e-tests\nRoot-Is-Purelib: true\n"
-                         b"Tag: py3-none-any\n",
-    }
-    record = "".join(f"{name},{_record_hash(data)},{len(data)}\n" for name, data in files.items())
-    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
-    wheel = folder / f"nvidia_modelopt-{VERSION}-py3-none-any.whl"
+def build_wheel(folder: Path, name: str = "nvidia-modelopt", version: str = VERSION,
+                files: dict[str, str] | None = None, requires: tuple[str, ...] = ()) -> Path:
+    """A valid pure-Python wheel (default: nvidia-modelopt providing `modelopt`), declaring `requires`."""
+    dist_name = name.replace("-", "_")
+    dist = f"{dist_name}-{version}.dist-info"
+    payload = {k: v.encode() for k, v in (files or {"modelopt/__init__.py": f'__version__ = "{version}"\n'}).items()}
+    metadata = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    payload[f"{dist}/METADATA"] = metadata.encode()
+    payload[f"{dist}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: verl-bridge-e2e-tests\nRoot-Is-Purelib: true\n"
+                                b"Tag: py3-none-any\n")
+    record = "".join(f"{n},{_record_hash(data)},{len(data)}\n" for n, data in payload.items())
+    payload[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
+    wheel = folder / f"{dist_name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
-        for name, data in files.items():
-            z.writestr(name, data)
+        for n, data in payload.items():
+            z.writestr(n, data)
     return wheel
 
 
 @contextlib.contextmanager
-def package_index(root: Path) -> Iterator[str]:
-    """Serve root/simple/ (lists the wheel) and root/empty/ (an index that has nothing); yields the base URL."""
+def package_index(root: Path, wheels: dict[str, Path] | None = None) -> Iterator[str]:
+    """Serve root/simple/ (lists the wheels: by default the nvidia-modelopt one) and root/empty/ (an index that has
+    nothing); yields the base URL. `wheels`: project name -> a wheel built with build_wheel in another folder."""
     (root / "packages").mkdir(parents=True)
-    wheel = build_wheel(root / "packages")
-    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    project = root / "simple" / "nvidia-modelopt"
-    project.mkdir(parents=True)
-    (root / "simple" / "index.html").write_text('<a href="nvidia-modelopt/">nvidia-modelopt</a>\n')
-    (project / "index.html").write_text(f'<a href="../../packages/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
+    wheels = wheels or {"nvidia-modelopt": build_wheel(root / "packages")}
+    links = []
+    for project, built in wheels.items():
+        wheel = root / "packages" / built.name
+        if built != wheel:
+            shutil.copy(built, wheel)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        (root / "simple" / project).mkdir(parents=True)
+        (root / "simple" / project / "index.html").write_text(
+            f'<a href="../../packages/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
+        links.append(f'<a href="{project}/">{project}</a>\n')
+    (root / "simple" / "index.html").write_text("".join(links))
     (root / "empty").mkdir()
     (root / "empty" / "index.html").write_text("")
     with socket.socket() as s:

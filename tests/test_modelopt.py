@@ -79,3 +79,40 @@ def test_python_without_pip_is_one_line(workspace, tmp_path):
                                                      "PYTHONPATH": os.devnull})
     assert proc.returncode == 1 and proc.stderr.strip().startswith("error: ") and "has no pip" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_modelopt_without_its_dependency_is_repaired_not_already_installed(workspace, tmp_path):
+    """The real H200 image: nvidia-modelopt installed without pulp. install-modelopt installs the missing dependency
+    (only it), instead of saying "already installed"; the preflight then finds the LoRA save path's import working."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    plugins = "modelopt/torch/opt/plugins/__init__.py"
+    modelopt = local_index.build_wheel(wheels, files={
+        "modelopt/__init__.py": f'__version__ = "{VERSION}"\n', "modelopt/torch/__init__.py": "",
+        "modelopt/torch/opt/__init__.py": "", plugins: "import pulp  # noqa\n"}, requires=("pulp",))
+    pulp = local_index.build_wheel(wheels, name="pulp", version="2.9.0", files={"pulp/__init__.py": ""})
+    python = local_index.fresh_venv(tmp_path / "image-python")
+    for k in [k for k in workspace.env if k.startswith("PIP_")]:
+        del workspace.env[k]
+    # as on the host: the wheel went in with --no-deps
+    subprocess.run([python, "-m", "pip", "install", "--no-deps", "--no-index", str(modelopt)], check=True,
+                   capture_output=True)
+    broken = subprocess.run([python, "-c", "import modelopt.torch.opt.plugins"], capture_output=True, text=True,
+                            env={"PATH": os.environ["PATH"]})
+    assert "No module named 'pulp'" in broken.stderr
+    with local_index.package_index(tmp_path / "index", {"nvidia-modelopt": modelopt, "pulp": pulp}) as url:
+        env = {"PIP_INDEX_URL": f"{url}/empty/", "PIP_NO_CACHE_DIR": "1", "VERL_PYTHON": python, "PYTHONPATH": "",
+               "MODELOPT_INDEX_URL": f"{url}/simple/"}
+        repair = workspace.invoke("install-modelopt", env=env)
+        again = workspace.invoke("install-modelopt", env=env)
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    assert "already installed" not in repair.stdout
+    assert "is installed without its dependencies pulp" in repair.stdout
+    assert f"installed pulp into {python}: nvidia-modelopt {VERSION} is complete" in repair.stdout
+    fixed = subprocess.run([python, "-c", "import modelopt.torch.opt.plugins"], capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"]})
+    assert fixed.returncode == 0, fixed.stderr
+    assert again.returncode == 0 and "already installed" in again.stdout and "nothing to do" in again.stdout
+    records = [json.loads(p.read_text()) for p in sorted((workspace.log_dir / "container_setup").glob("*.json"))]
+    repaired = next(r for r in records if r["action"] == "repaired")
+    assert repaired["dependencies_installed"] == ["pulp"] and repaired["version"] == VERSION

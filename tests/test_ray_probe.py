@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import ray
 
 from env.preflight import BLOCKED, OK, SKIPPED
-from env.pythonpath import compose
 from env.ray_probe import _driver_pythonpath, check_ray_worker, probe_ray_worker
 from env.settings import resolve
 from sessions.level import LevelOptions, build_context
+from tests import local_index
 
 RAY = Path(sys.executable).parent / "ray"
 
@@ -118,10 +119,13 @@ def _context(workspace, **flags):
     return ctx
 
 
-def test_driver_pythonpath_drops_the_runs_entries():
-    run = "/b/src:/b/3rdparty/Megatron-LM:/v"
-    assert _driver_pythonpath({"PYTHONPATH": "/b/src:/site:/v"}, run) == "/site"
-    assert _driver_pythonpath({}, run) == ""
+def test_driver_pythonpath_drops_only_the_runs_own_entries():
+    own = ["/b/src", "/b/3rdparty/Megatron-LM", "/v"]
+    assert _driver_pythonpath({"PYTHONPATH": "/b/src:/site:/v"}, own) == "/site"
+    assert _driver_pythonpath({}, own) == ""
+    # the stack on the user's PYTHONPATH (ray itself) stays with the driver (issue 16 item 8)
+    composed = "/b/src:/b/3rdparty/Megatron-LM:/v:/opt/stack/site-packages"
+    assert _driver_pythonpath({"PYTHONPATH": composed}, own) == "/opt/stack/site-packages"
 
 
 def test_dry_run_and_switched_off_probe_run_nothing(workspace):
@@ -199,7 +203,7 @@ def test_level0_records_the_workers_bridge(workspace, ray_head):
 @pytest.mark.ray
 def test_throwaway_local_cluster(workspace):
     """No --ray-address: the probe starts (and shuts down) its own one-CPU cluster; the driver gets no Bridge."""
-    pythonpath = compose(workspace.bridge, workspace.verl)
+    pythonpath = f"{workspace.bridge}/src:{workspace.bridge}/3rdparty/Megatron-LM:{workspace.verl}"
     environ = dict(workspace.env, PYTHONPATH=f"{pythonpath}:{workspace.env['PYTHONPATH']}")
     for _ in range(3):  # a `ray stop --force` from another test run can kill the throwaway cluster mid-probe
         probe = probe_ray_worker(sys.executable, pythonpath, None, environ=environ)
@@ -209,3 +213,31 @@ def test_throwaway_local_cluster(workspace):
     [worker] = probe.workers
     assert worker["pythonpath"] == pythonpath  # what runtime_env gave it
     assert worker["megatron.bridge"]["file"].startswith(str(workspace.bridge / "src"))
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_stack_on_pythonpath_reaches_the_driver_and_a_failed_worker_import_is_never_ok(workspace, ray_head,
+                                                                                        tmp_path):
+    """Issue 16 item 8: the run's Python has no ray of its own, the stack (ray) is on the user's PYTHONPATH, as in
+    an image with the stack on PYTHONPATH; the probe's driver keeps that entry. Issue 15: a worker that finds the
+    checkout but fails to import it is Blocked, never ✔."""
+    workspace.env["VERL_E2E_RAY_PROBE"] = "1"
+    bare = local_index.fresh_venv(tmp_path / "bare", with_pip=False)
+    stack = str(Path(ray.__file__).parent.parent)  # the site-packages holding ray
+    workspace.env["PYTHONPATH"] = f"{stack}:{workspace.env['PYTHONPATH']}"
+
+    def probe(address):
+        environ = dict(workspace.env, RAY_AUTH_MODE="disabled")
+        settings = resolve({"python": bare, "ray_address": address}, environ)
+        ctx = build_context(LevelOptions(0), settings, probe=True)
+        ctx.environ = environ
+        ctx.pythonpath = f"{workspace.bridge}/src:{workspace.bridge}/3rdparty/Megatron-LM:{workspace.verl}:{stack}"
+        return list(check_ray_worker(ctx))
+
+    checks = ray_head.retry(probe)
+    assert checks[0].status == OK, checks[0]
+
+    (workspace.bridge / "src/megatron/bridge/__init__.py").write_text("import transformer_engine_fixture_missing\n")
+    [blocked] = ray_head.retry(probe)
+    assert blocked.status == BLOCKED and "transformer_engine_fixture_missing" in blocked.detail, blocked

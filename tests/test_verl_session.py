@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from env.pythonpath import compose
 from tests import local_index
 from tests.conftest import PROJECT
 
@@ -25,7 +24,7 @@ def test_runs_the_task_in_the_image_python(workspace):
     proc = nox_verl(workspace, "level0", "--skip-bridge-checks")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    pythonpath = compose(workspace.bridge, workspace.verl)
+    pythonpath = f"{workspace.bridge}/src:{workspace.bridge}/3rdparty/Megatron-LM:{workspace.verl}"
     assert f"PYTHONPATH={pythonpath}" in out
     assert "modelopt importable: nothing installed" in out  # the fixture site provides it
     [run_dir] = workspace.run_dirs()

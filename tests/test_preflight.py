@@ -1,0 +1,129 @@
+"""Preflight's environment checks against what the real H200 run met (issue 16): flash-attn absent, Bridge's model
+build missing megatron.energon, modelopt installed without pulp — each found before verl starts, with the package
+named. Checks run in-process on fixture checkouts with the real import probe (a real interpreter, real files)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from env.checks import BLOCKED, OK, WARN
+from env.preflight import first_blocked, run_checks
+from env.settings import resolve
+from sessions.level import LevelOptions, build_context
+
+ACTOR_FUSED = "++actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused"
+REF_FUSED = "++actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend=fused"
+CRITIC_FUSED = "++critic.megatron.override_transformer_config.attention_backend=fused"
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _checks(workspace, extra: list[str] | None = None, **env):
+    environ = dict(workspace.env, **env)
+    settings = resolve({"python": sys.executable}, environ)
+    opts = LevelOptions(0, extra_overrides=list(extra or []))
+    ctx = build_context(opts, settings, probe=True)
+    ctx.environ = environ
+    return ctx, {c.name: c for c in run_checks(ctx, stop_at_blocked=False)}
+
+
+def _with_pythonpath(monkeypatch, workspace, *extra: Path) -> None:
+    path = ":".join([*(str(p) for p in extra), workspace.env["PYTHONPATH"]])
+    workspace.env["PYTHONPATH"] = path
+    monkeypatch.setenv("PYTHONPATH", path)  # build_context composes from the process environment
+
+
+# verl v0.9.0's and HEAD's verl/trainer/config/ref/megatron_ref.yaml line 23
+REF_INHERITS = """actor_rollout_ref:
+  override_transformer_config: ${oc.select:actor_rollout_ref.actor.megatron.override_transformer_config,{}}
+"""
+
+
+def test_no_flash_attn_appends_fused_attention_for_actor_and_critic_the_ref_inherits(workspace, monkeypatch):
+    _with_pythonpath(monkeypatch, workspace)
+    _write(workspace.verl, {"verl/trainer/config/ref/megatron_ref.yaml": REF_INHERITS})
+    ctx, checks = _checks(workspace)
+    assert checks["flash-attn"].status == WARN
+    assert [o for o in ctx.overrides if "attention_backend" in o] == [ACTOR_FUSED, CRITIC_FUSED]
+    assert any(x.startswith("flash-attn not installed in the run's Python: attention_backend=fused") for x in
+               ctx.limitations)
+
+
+def test_the_ref_gets_its_own_when_it_does_not_inherit_or_a_user_override_replaced_its_config(workspace,
+                                                                                               monkeypatch):
+    _with_pythonpath(monkeypatch, workspace)
+    # the fixture verl has no ref config of that shape: the ref does not inherit
+    ctx, _ = _checks(workspace)
+    assert [o for o in ctx.overrides if "attention_backend" in o] == [ACTOR_FUSED, REF_FUSED, CRITIC_FUSED]
+    _write(workspace.verl, {"verl/trainer/config/ref/megatron_ref.yaml": REF_INHERITS})
+    mine = "++actor_rollout_ref.ref.megatron.override_transformer_config.recompute_granularity=full"
+    ctx, _ = _checks(workspace, extra=[mine])
+    assert [o for o in ctx.overrides if "attention_backend" in o] == [ACTOR_FUSED, REF_FUSED, CRITIC_FUSED]
+
+
+def test_flash_attn_present_appends_nothing(workspace, monkeypatch, tmp_path):
+    site = _write(tmp_path / "site", {"flash_attn/__init__.py": "", "fused_weight_gradient_mlp_cuda.py": ""})
+    _with_pythonpath(monkeypatch, workspace, site)
+    ctx, checks = _checks(workspace)
+    assert checks["flash-attn"].status == OK and checks["Apex fused kernel"].status == OK
+    assert not [o for o in ctx.overrides if "override_transformer_config" in o]
+
+
+def test_the_users_own_attention_override_wins(workspace, monkeypatch):
+    _with_pythonpath(monkeypatch, workspace)
+    mine = "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=flash"
+    ctx, _ = _checks(workspace, extra=[mine, "++critic.megatron.override_transformer_config.attention_backend=auto"])
+    assert [o for o in ctx.overrides if "attention_backend" in o] == [REF_FUSED]  # fixture verl: ref does not inherit
+
+
+def test_energon_missing_is_blocked_naming_the_package(workspace, monkeypatch):
+    _with_pythonpath(monkeypatch, workspace)
+    # what verl v0.9.0's megatron_utils.py imports, and what Bridge r0.6.0's training/config.py pulls in
+    _write(workspace.verl, {"verl/utils/megatron_utils.py":
+                            "def build():\n    from megatron.bridge.training.config import DistributedDataParallelConfig\n"})
+    _write(workspace.bridge / "src/megatron/bridge", {
+        "training/__init__.py": "",
+        "training/config.py": "from megatron.bridge.data.builders import energon  # noqa\n",
+        "data/__init__.py": "", "data/builders/__init__.py": "",
+        "data/builders/energon.py": "from megatron.energon import WorkerConfig  # noqa\n"})
+    _, checks = _checks(workspace)
+    check = checks["Bridge modules verl imports"]
+    assert check.status == BLOCKED
+    assert "megatron.bridge.training.config" in check.detail and "No module named 'megatron.energon'" in check.detail
+    assert "pip install megatron-energon" in check.fix
+
+
+def test_modelopt_without_pulp_is_blocked_in_preflight(workspace, monkeypatch, tmp_path):
+    # no fixture stand-in: a modelopt whose opt.plugins imports pulp, as the real one does, and no pulp
+    site = _write(tmp_path / "site", {"modelopt/__init__.py": "", "modelopt/torch/__init__.py": "",
+                                      "modelopt/torch/opt/__init__.py": "",
+                                      "modelopt/torch/opt/plugins/__init__.py": "import pulp  # noqa\n"})
+    workspace.env["PYTHONPATH"] = str(site)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    _write(workspace.verl, {"verl/utils/checkpoint/megatron_checkpoint_manager.py":
+                            "def save():\n    from megatron.bridge.training.checkpointing import "
+                            "apply_peft_adapter_filter_to_state_dict\n"})
+    _write(workspace.bridge / "src/megatron/bridge", {
+        "training/__init__.py": "",
+        "training/checkpointing.py": "from modelopt.torch.opt.plugins import (\n    save_modelopt_state,\n)\n"})
+    ctx, checks = _checks(workspace)
+    assert checks["Bridge modules verl imports"].status == OK  # the pulp failure is modelopt's to report, once
+    check = checks["modelopt"]
+    assert check.status == BLOCKED and "No module named 'pulp'" in check.detail
+    assert "modelopt.torch.opt.plugins" in check.detail
+    assert check.fix.startswith("invoke install-modelopt") and "pulp is missing" in check.fix
+    assert first_blocked(list(checks.values())).name == "modelopt"
+
+
+def test_no_modelopt_at_all_is_blocked(workspace, monkeypatch):
+    workspace.env["PYTHONPATH"] = ""
+    monkeypatch.setenv("PYTHONPATH", "")
+    _, checks = _checks(workspace)
+    assert checks["modelopt"].status == BLOCKED and checks["modelopt"].fix == "invoke install-modelopt"
