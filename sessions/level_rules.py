@@ -39,12 +39,14 @@ class LevelOutcome:
 
 
 def describe_verdict(v: Verdict) -> str:
+    """The run's answer, then the level's criteria (each Pass / Fail / not shown) when the level judged them."""
     expected = f"/{v.steps_expected}" if v.steps_expected is not None else ""
+    criteria = "; level criteria: " + ", ".join(f"{c.name} {c.status}" for c in v.criteria) if v.criteria else ""
     if v.result == "Pass" and v.final_result != "Pass":  # the run passed, a level criterion did not
-        return f"{v.steps_completed}{expected} step(s) completed, but {v.level_summary}"
+        return f"run Pass ({v.steps_completed}{expected} step(s) completed), but {v.level_summary}{criteria}"
     if v.result == "Pass":
-        return f"{v.steps_completed}{expected} step(s) completed, exit {v.exit_code}"
-    where = f"{v.result} in {v.phase} ({v.category})"
+        return f"run Pass ({v.steps_completed}{expected} step(s) completed, exit {v.exit_code}){criteria}"
+    where = f"run {v.result} in {v.phase} ({v.category})"
     err = f": {v.first_error}" if v.first_error else ""
     hint = f" — hint: {v.hint}" if v.hint else ""
     return f"{where}{err}; {v.steps_completed}{expected} step(s) completed{hint}"

@@ -137,6 +137,8 @@ def test_preflight_failures_are_blocked_before_verl_starts(workspace, case, tmp_
     assert not (run_dir / "verl.log").exists(), "verl must not start"
     md, summary = summary_of(run_dir)
     assert md.startswith("Result: Blocked - ") and "Not evidence against the Bridge provider" in md
+    assert md.lower().count("not evidence against the bridge provider") == 1, md  # said once (issue 16.9)
+    assert deliverable(summary, "Bridge-side checks")["status"] == "Not requested"  # --skip-bridge-checks
     assert summary["category"] == expect[0]
     assert expect[1] in md
     assert "Traceback" not in proc.stdout + proc.stderr
