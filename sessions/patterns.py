@@ -336,17 +336,20 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
        result="blocked"),
     # -- named causes that fail the run ------------------------------------------------------------------------
-    _p("cuda-oom", "out of memory", r"out of memory", "error", category="oom", result="fail", covered_by="emory"),
+    _p("cuda-oom", "ut of memory", r"[Oo]ut of memory", "error", category="oom", result="fail", covered_by="emory"),
     _p("oom-error", "OutOfMemoryError", r"OutOfMemoryError", "error", category="oom", result="fail",
        covered_by="rror"),
     _p("ray-oom", "low on memory", r"running low on memory", "error", category="oom", result="fail",
        covered_by="emory"),
+    _p("ray-get-timeout", "GetTimeoutError", r"GetTimeoutError", "error", category="hang", result="fail",
+       covered_by="rror"),
     _p("hang-watchdog", "Watchdog", r"Watchdog caught collective operation timeout", "error", category="hang",
        result="fail"),
     _p("hang-store", "", r"TCPStore.*(?:timeout|[Tt]imed out)|DistStoreError|throwTimeoutError|"
        r"Timed out (?:after|waiting) .*(?:rendezvous|store|init_process_group)", "error", category="hang",
        result="fail"),
-    _p("nccl-error", "rror", r"NCCL error|nccl\w*Error|DistBackendError", "error", category="nccl", result="fail"),
+    _p("nccl-error", "", r"NCCL error|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was aborted",
+       "error", category="nccl", result="fail"),
     _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
        result="fail"),
     _p("grad-nan", "NaN", r"found NaN in local grad norm|NaN or Inf found|[Ll]oss is NaN", "error",
@@ -373,8 +376,8 @@ PATTERNS: tuple[Pattern, ...] = (
        r"ConfigAttributeError", "error", category="config", result="fail", covered_by="rror"),
     _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
        result="fail", covered_by="rror"),
-    _p("actor-died", "ActorDiedError", r"ActorDiedError(?!: The actor died because of an error raised in its "
-       r"creation task)|The actor died unexpectedly", "error",
+    _p("actor-died", "", r"ActorDiedError(?!: The actor died because of an error raised in its "
+       r"creation task)|The actor died unexpectedly|NodeDiedError", "error",
        category="actor-died", result="fail", covered_by="rror"),
     _p("worker-died", "illed", r"A worker died or was killed|(?<!\w)Killed(?!\w)|killed by signal", "error",
        category="actor-died", result="fail", specific=False),

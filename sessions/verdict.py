@@ -203,6 +203,7 @@ class _ErrorEvent:
     wrapped: str | None = None  # the X of RayTaskError(X)
     area: str | None = None  # code area of the innermost classified traceback frame before this line
     log_error: bool = False  # a logger's ERROR line (not an exception): a cause only when nothing better exists
+    cut: bool = False  # stands for a traceback the log ends in, before its exception line
 
     @property
     def specific(self) -> bool:
@@ -521,12 +522,15 @@ class _Judge:
                           key=lambda e: (e.pattern.category == "interrupted", e.wrapper_method is not None, e.seq))
         if specific:
             return specific[0]
-        plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method]
+        plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method and not e.cut]
         if plain:  # the first plain exception line: in a Ray chain, the innermost remote exception
             return plain[0]
         wrappers = [e for e in real if e.wrapper_method and not e.log_error]
-        if wrappers:
+        if wrappers:  # the innermost `RayTaskError(X): ray::...` line (its X: line may be cut off)
             return wrappers[-1]
+        cut = [e for e in real if e.cut]
+        if cut:
+            return cut[0]
         other = [e for e in real if e.pattern is not None] or [e for e in real if e.log_error]
         return other[0] if other else None
 
@@ -553,7 +557,9 @@ class _Judge:
             result = "Blocked" if pattern.result == BLOCKED_EVIDENCE else "Fail"
             return result, category, phase, hint
         wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES]
-        area = event.area or next((e.area for e in reversed(events) if e.area and e.seq <= event.seq), None)
+        # the innermost classified frame: a wrapper's remote frames come after its line
+        area = event.area if event.area and not event.wrapper_method else None
+        area = area or next((e.area for e in reversed(events) if e.area), None)
         hint = pattern.hint if pattern else None
         if wrapped:
             category = wrapped[-1]
@@ -689,7 +695,7 @@ class _Judge:
             events = events + [_ErrorEvent(
                 self.seq + 1, line.source, line.inner, "a traceback without its exception line (the log is cut): "
                 + line.text.strip(), None, self.phase, self.max_step,
-                area=self.areas.get(line.source) or self.areas.get(ANY_SOURCE),
+                area=self.areas.get(line.source) or self.areas.get(ANY_SOURCE), cut=True,
             )]
         decisive = self._decisive(events)
         where = f"step {self.max_step} of {expected}" if expected else f"step {self.max_step}"
