@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 CHUNK_SIZE = 8 << 20
 LAST_ONLY_WINDOW = 1 << 20  # where a chunk's last tqdm bar is looked for (bounded: a bar-free log costs no pass)
-MAX_JOINED_STEP = 1 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
+MAX_JOINED_STEP = 1 << 20
+MAX_LINE_BYTES = 16 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
 OWN_HEADER = "[verl-e2e]"  # our launcher's header lines: never evidence
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][AB012]")
@@ -220,8 +221,9 @@ def scan_file(
                 cut = filled
             else:
                 cut = buf.rfind(b"\n", 0, filled) + 1
-                if cut == 0:  # no newline in the whole buffer yet: read more
+                if cut == 0 and filled < MAX_LINE_BYTES:  # no newline in the whole buffer yet: read more
                     continue
+                cut = cut or filled  # a line longer than MAX_LINE_BYTES is read in pieces (memory stays flat)
             starts: set[int] = set()
             matcher.line_starts(buf, cut, starts)
             if last_only_needle is not None:

@@ -146,6 +146,7 @@ MAX_FRAMES = 64  # traceback frames remembered per source
 METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
+MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat on giant lines)
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
@@ -361,7 +362,7 @@ class _Judge:
         if wrapper and line.source is None:
             self._driver_failure()
         event = _ErrorEvent(
-            self.seq, line.source, line.inner, text, error_pattern, self.phase, self.max_step, noise,
+            self.seq, line.source, line.inner, _shorten(text, MAX_EVENT_TEXT), error_pattern, self.phase, self.max_step, noise,
             wrapper.group("method") if wrapper else None, wrapper.group("inner") if wrapper else None,
             self.areas.get(line.source), log_error,
         )

@@ -127,3 +127,18 @@ def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
         assert list(scan_file(path, plain)) == list(scan_file(path, scan_matcher())), path.name
         same = json.dumps(judge_log(path, matcher=plain).to_json()) == json.dumps(judge_log(path).to_json())
         assert same, path.name  # (json: nan compares equal to nan)
+
+
+def test_a_giant_line_without_newline_is_read_in_pieces(tmp_path):
+    from sessions import logstream
+
+    path = tmp_path / "giant.log"
+    path.write_bytes(b"x" * (3 << 20) + b" RuntimeError: deep inside " + b"y" * (3 << 20) + b"\n")
+    old = logstream.MAX_LINE_BYTES
+    logstream.MAX_LINE_BYTES = 1 << 20
+    try:
+        found = list(scan_file(path, [b"rror"], chunk_size=1 << 18))
+    finally:
+        logstream.MAX_LINE_BYTES = old
+    assert any(b"RuntimeError: deep inside" in piece for piece in found)
+    assert max(len(piece) for piece in found) <= 2 << 20
