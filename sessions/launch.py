@@ -101,7 +101,7 @@ def run_logged(
     if echo is not None:
         display = progress.EchoDisplay(echo)
     elif display is None:
-        display = progress.open_display(log_path.name, log_path.parent)
+        display = progress.open_display(log_path.stem, log_path.parent)
     redactor = Redactor(secrets)
     start = last_output = time.monotonic()
     termination: str | None = None

@@ -9,6 +9,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -254,3 +255,40 @@ def test_relay_redraws_child_status_lines_on_a_terminal_and_passes_through_elsew
     assert re.fullmatch(r"verl · training · step 2/2 · /r · ended: exit 0 · updated \ds ago", rows[2]), rows
     assert rows[3:] == ["Result: Pass - done"]
     assert b"step 1/2" in raw and "step 1/2" not in "\n".join(rows)
+
+
+def test_ctrl_c_on_a_terminal_ends_the_status_line_keeps_the_log_and_gives_the_cursor_back(workspace):
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 220, 0, 0))
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "level0", "--skip-bridge-checks"], cwd=PROJECT,
+                            env={**workspace.env, "TERM": "xterm", "FIXTURE_FAIL": "hang"}, stdin=slave,
+                            stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    raw, deadline, sent = b"", time.monotonic() + 180, False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:
+                break
+            if not data:
+                break
+            raw += data
+        if not sent and b"Total training steps" in b"".join(
+                p.read_bytes() for p in workspace.log_dir.glob("*/verl.log")):
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)  # what the terminal's Ctrl-C sends to the foreground process
+            sent = True
+        if proc.poll() is not None and not ready:
+            break
+    os.close(master)
+    assert sent and proc.wait(timeout=60) == 3
+    rows = [r.rstrip() for r in screen(raw) if r.strip()]
+    run_dir = only_run_dir(workspace)
+    assert "[verl-e2e] interrupted (SIGINT): stopping the wrapper's process group" in rows
+    assert [r for r in rows if r.startswith("verl ")][-1].endswith(f"{run_dir} · ended: interrupted")
+    assert raw.rfind(b"\x1b[?25h") > raw.rfind(b"\x1b[?25l")  # rich hid the cursor while drawing and gave it back
+    assert any(r.startswith("Result: Blocked - ") for r in rows)
+    log = (run_dir / "verl.log").read_text()
+    assert "Total training steps: 1" in log and "interrupted (SIGINT)" in log
