@@ -33,6 +33,8 @@ STATUS_PREFIX = f"{TOOL_PREFIX} status: "
 ENDED_MARK = " · ended: "  # the last status line of a run (a relay stops redrawing there)
 TAIL_LINES = 20
 REFRESH_PER_SECOND = 4
+BAR_WIDTH = 20
+BAR_MIN_WIDTH = 100  # narrower terminals: no bar, the numbers matter more
 QUIET_NOTE_S = 300.0  # plain output: a status line after this long without log output (still alive, or hung)
 TRUE_WORDS = ("1", "true", "yes", "on")
 
@@ -166,7 +168,7 @@ class _StatusRenderable:
     def __init__(self, status: Status):
         self.status = status
 
-    def __rich__(self) -> Any:
+    def __rich_console__(self, console: Any, options: Any) -> Any:
         from rich.progress_bar import ProgressBar
         from rich.table import Table
         from rich.text import Text
@@ -175,17 +177,14 @@ class _StatusRenderable:
         label, phase, *rest = st.fields(now, idle=st.ended is None)
         grid = Table.grid(padding=(0, 1))
         head = Text.assemble((label, "bold"), " ", (phase, "cyan" if st.ended is None else "bold"))
-        if st.total:
-            grid.add_column(no_wrap=True)
-            grid.add_column(width=20, no_wrap=True)
-            grid.add_column(no_wrap=True, overflow="ellipsis")
-            bar = ProgressBar(total=st.total, completed=min(st.step, st.total), width=20)
-            grid.add_row(head, bar, Text(" · ".join(rest)))
-        else:
-            grid.add_column(no_wrap=True)
-            grid.add_column(no_wrap=True, overflow="ellipsis")
-            grid.add_row(head, Text(" · ".join(rest)))
-        return grid
+        grid.add_column(no_wrap=True, min_width=head.cell_len)  # where and what: never squeezed
+        row: list[Any] = [head]
+        if st.total and options.max_width >= BAR_MIN_WIDTH:
+            grid.add_column(width=BAR_WIDTH, no_wrap=True)
+            row.append(ProgressBar(total=st.total, completed=min(st.step, st.total), width=BAR_WIDTH))
+        grid.add_column()  # shrinkable (no_wrap columns are not): a narrow terminal cuts the run dir first
+        grid.add_row(*row, Text(" · ".join(rest), no_wrap=True, overflow="ellipsis"))
+        yield grid
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ verl trainer; the terminal is a real pseudo-terminal."""
 from __future__ import annotations
 
 import fcntl
+import io
 import os
 import pty
 import re
@@ -292,3 +293,35 @@ def test_ctrl_c_on_a_terminal_ends_the_status_line_keeps_the_log_and_gives_the_c
     assert any(r.startswith("Result: Blocked - ") for r in rows)
     log = (run_dir / "verl.log").read_text()
     assert "Total training steps: 1" in log and "interrupted (SIGINT)" in log
+
+
+def test_plain_output_notes_a_long_silence_once_per_period(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress, "QUIET_NOTE_S", 0.3)
+    shown = tmp_path / "shown"
+    with open(shown, "w") as out:
+        display = progress.open_display("verl", Path("/r"), verbose=False, out=out)
+        display.tick()  # not quiet yet
+        time.sleep(0.4)
+        display.tick()
+        display.tick()  # the same silence: noted once
+        display.close("exit 0")
+    lines = shown.read_text().splitlines()
+    assert lines[0] == "[verl-e2e] status: verl · running · 0s elapsed · /r"
+    assert lines[1] == "[verl-e2e] status: verl · running · 0s elapsed · last output 0s ago · /r"
+    assert lines[2] == "[verl-e2e] status: verl · running · 0s elapsed · /r · ended: exit 0"
+    assert len(lines) == 3
+
+
+def test_terminal_status_stays_one_line_on_a_narrow_terminal():
+    from rich.console import Console
+
+    st = progress.Status("verl run B", Path("/very/long/log/dir/20261130T120000Z-level1-Qwen2.5-0.5B"),
+                         started=time.monotonic(), steps_fallback=2)
+    st.update("training", 1, None, now=time.monotonic())
+    for width in (60, 100):
+        console = Console(file=(buf := io.StringIO()), width=width, force_terminal=True, color_system=None)
+        console.print(progress._StatusRenderable(st))
+        lines = buf.getvalue().rstrip("\n").split("\n")
+        assert len(lines) == 1 and len(lines[0]) <= width, lines
+        assert lines[0].startswith("verl run B training ") and "step 1/2 · 0s elapsed" in lines[0], lines
+        assert lines[0].endswith("…")  # the run dir is what gives way
