@@ -79,15 +79,21 @@ def test_level3_fusion_overrides_keep_the_refs_inherited_transformer_config(work
     dry = workspace.invoke("level3", "--skip-bridge-checks", "--dry-run")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     [command] = dry_commands(dry.stdout)
-    fusion = [a for a in shlex.split(command) if "override_transformer_config" in a]
-    assert fusion == ["++actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=False",
-                      "++critic.megatron.override_transformer_config.gradient_accumulation_fusion=False"]
+    # the fixture Python also lacks flash-attn: preflight's attention_backend overrides follow the same rule
+    ours = [a for a in shlex.split(command) if "override_transformer_config" in a]
+    assert sorted(ours) == [
+        "++actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused",
+        "++actor_rollout_ref.actor.megatron.override_transformer_config.gradient_accumulation_fusion=False",
+        "++critic.megatron.override_transformer_config.attention_backend=fused",
+        "++critic.megatron.override_transformer_config.gradient_accumulation_fusion=False"]
     composed = subprocess.run([hydra_python, "-c", COMPOSE, str(workspace.verl / "verl/trainer/config"),
-                               "ppo_megatron_trainer", json.dumps(fusion)], capture_output=True, text=True, check=True)
+                               "ppo_megatron_trainer", json.dumps(ours)], capture_output=True, text=True, check=True)
     result = json.loads(composed.stdout)
-    expected = {"recompute_granularity": None, "recompute_method": None, "gradient_accumulation_fusion": False}
+    expected = {"recompute_granularity": None, "recompute_method": None, "gradient_accumulation_fusion": False,
+                "attention_backend": "fused"}
     assert result["ref"] == expected and result["actor"] == expected
-    assert result["critic"] == {"recompute_granularity": None, "gradient_accumulation_fusion": False}
+    assert result["critic"] == {"recompute_granularity": None, "gradient_accumulation_fusion": False,
+                                "attention_backend": "fused"}
 
 
 def test_level3_on_a_verl_whose_ref_has_its_own_config_sets_the_ref_too(workspace):
