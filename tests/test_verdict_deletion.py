@@ -7,6 +7,7 @@ corpus's stated first error, and for a real log the line the engine names (a mes
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,24 +19,32 @@ CORPUS = Path(__file__).parent / "logs"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text(encoding="utf-8"))
 
 
-def _without(path: Path, needle: str, out: Path) -> int:
-    """Copy `path` to `out` without the lines holding `needle`; returns how many lines were dropped."""
+def _without(path: Path, needles: str | list[str], out: Path) -> int:
+    """Copy `path` to `out` without the lines holding the first of `needles` found; returns the lines dropped."""
     raw = path.read_bytes().decode("utf-8", "replace").splitlines(keepends=True)
-    kept = [line for line in raw if needle not in line]
-    out.write_text("".join(kept), encoding="utf-8")
-    return len(raw) - len(kept)
+    for needle in [needles] if isinstance(needles, str) else needles:
+        kept = [line for line in raw if needle not in line]
+        if len(kept) < len(raw):
+            out.write_text("".join(kept), encoding="utf-8")
+            return len(raw) - len(kept)
+    return 0
 
 
 def _changed(before, after) -> bool:
     return (before.result, before.category, before.first_error) != (after.result, after.category, after.first_error)
 
 
-def _log_text(first_error: str) -> str:
-    """The part of a shown first error that is the log's own text (no `(Source) ` prefix, no `...` cut)."""
+def _needles(first_error: str) -> list[str]:
+    """Where a shown first error comes from in the log, most specific first: its own text (no `(Source) ` prefix,
+    no `...` cut), the step line of a non-finite metric, the first frame of a cut traceback."""
     text = first_error[:-3] if first_error.endswith("...") else first_error
     if text.startswith("(") and ") " in text:
         text = text.split(") ", 1)[1]
-    return text[:120]
+    step = re.match(r"step (\d+)(?::|$)", text)
+    if step:  # "step N: key=nan" names the metrics line of step N
+        return [f"step:{step.group(1)} - "]
+    text = text.split("(the log is cut): ", 1)[-1]
+    return [text[:120], text[:40]]
 
 
 def _real_non_pass() -> list[dict[str, str]]:
@@ -49,8 +58,7 @@ def test_deleting_the_deciding_line_of_a_real_log_changes_its_verdict(row, tmp_p
     path = REAL_LOGS / row["file"]
     before = judge_log(path)
     assert before.first_error, row["file"]
-    needle = _log_text(before.first_error)
-    if not _without(path, needle, tmp_path / "cut.log"):
+    if not _without(path, _needles(before.first_error), tmp_path / "cut.log"):
         pytest.skip(f"the engine's own message, no log line: {before.first_error}")
     after = judge_log(tmp_path / "cut.log")
     assert _changed(before, after), (before.result, before.category, before.first_error)
@@ -67,7 +75,7 @@ def test_deleting_the_first_error_of_a_corpus_log_changes_its_verdict(name, tmp_
     spec = EXPECTED[name]
     run = {k: v for k, v in spec["run"].items() if k in ("level", "exit_code")}
     run["steps_expected"] = spec["run"].get("steps")
-    if not _without(CORPUS / name, spec["expect"]["first_error"], tmp_path / "cut.log"):
+    if not _without(CORPUS / name, _needles(spec["expect"]["first_error"]), tmp_path / "cut.log"):
         pytest.skip(f"the engine's own message, no log line: {spec['expect']['first_error']}")
     before, after = judge_log(CORPUS / name, **run), judge_log(tmp_path / "cut.log", **run)
     assert _changed(before, after), (before.result, before.category, before.first_error)
