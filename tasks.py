@@ -28,16 +28,19 @@ level5 = make_level_task(5)
         "num_gpus": "GPUs to plan for (NUM_GPUS; default: detected)",
         "level": "check against this level's preset (default 0)",
         "json": "print the checks as JSON",
+        "timings": "show each check's wall time and each probe's",
+        "fresh_probe": "ignore the probe cache in $LOG_DIR (probe the environment again)",
     }
 )
 @one_line_errors
-def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None, level=0, json=False):
+def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None, level=0, json=False, timings=False,
+           fresh_probe=False):
     """Run every preflight check as a ✔/✘ table, without starting verl."""
     from sessions.level import doctor_command
 
     return doctor_command(
         c, dict(bridge_repo=bridge_repo, verl_repo=verl_repo, ray_address=ray_address, num_gpus=num_gpus),
-        level=int(level), as_json=json,
+        level=int(level), as_json=json, timings=timings, fresh_probe=fresh_probe,
     )
 
 

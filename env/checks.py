@@ -7,10 +7,12 @@ Ray probe, model download, level rules) import these types without importing pre
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from env.pythonpath import ImportProbe
@@ -32,6 +34,47 @@ class Check:
 
     def to_json(self) -> dict:
         return self.__dict__.copy()
+
+
+class Facts:
+    """What the checks need that takes time (probe processes, parquet reads, nvidia-smi, tree walks), computed once
+    per run in worker threads: preflight starts the ones it will need up front so they overlap, and a check that
+    asks for a fact nobody started computes it there. Records each fact's wall time and where it was cached."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: dict[str, Future] = {}
+        self.seconds: dict[str, float] = {}
+        self.cached_from: dict[str, str] = {}  # fact -> UTC time of the cached answer it reused
+
+    def start(self, name: str, fn: Callable[[], Any]) -> None:
+        if name in self._futures:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="preflight")
+
+        def timed() -> Any:
+            began = time.monotonic()
+            try:
+                return fn()
+            finally:
+                self.seconds[name] = round(time.monotonic() - began, 3)
+
+        self._futures[name] = self._pool.submit(timed)
+
+    def get(self, name: str, fn: Callable[[], Any]) -> Any:
+        self.start(name, fn)
+        return self._futures[name].result()
+
+    def started(self, name: str) -> bool:
+        return name in self._futures
+
+    def names(self) -> list[str]:
+        return sorted(self._futures)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -63,6 +106,7 @@ class RunContext:
     imports: ImportProbe | None = None
     model_path: Path | None = None
     evidence: dict = field(default_factory=dict)  # facts for the report (bridge file, worker file, ...)
+    facts: Facts = field(default_factory=Facts, repr=False)
 
 
 CheckFn = Callable[[RunContext], Iterable[Check]]

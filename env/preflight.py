@@ -9,26 +9,30 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from data.gsm8k import validate_parquet
 from data.models import check_download_model
-from env import presets
+from env import presets, probe_cache
 from env.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, RunContext
 from env.gpus import detect_gpus
 from env.modelopt import PACKAGE as MODELOPT_PACKAGE
 from env.modelopt import check_container_setup
 from env.pythonpath import (
+    APEX_FUSED,
     FLASH_ATTN_MODULES,
+    ImportProbe,
     ProbeError,
     bridge_modelopt_imports,
     is_under,
+    located,
     package_of,
     probe_imports,
     verl_bridge_imports,
 )
-from env.ray_probe import check_ray_worker
+from env.ray_probe import check_ray_worker, start_ray_probe
 from env.repos import MEGATRON_LM
 
 __all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "run_checks", "status_table"]
@@ -51,55 +55,104 @@ def check_repos(ctx: RunContext) -> Iterable[Check]:
     yield Check("verl checkout", OK, f"{ctx.verl.path} @ {ctx.verl.describe()} (has {presets.WRAPPER})")
 
 
-def check_imports(ctx: RunContext) -> Iterable[Check]:
-    """Preflight 2: the driver imports *this* Bridge, Megatron-LM and verl."""
-    if not ctx.probe:
-        yield Check("driver imports", SKIPPED, "dry-run: import probe not run")
-        return
-    modules = verl_bridge_imports(Path(ctx.verl.path)) + bridge_modelopt_imports(Path(ctx.bridge.path))
+def _located(ctx: RunContext) -> ImportProbe | Check:
+    """The cheap probe's answer, or the Blocked check that says why there is none."""
     try:
-        ctx.imports = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=modules)
+        return located(ctx)
     except ProbeError as e:
-        yield Check("driver imports", BLOCKED, str(e), "set VERL_PYTHON / --python to the Python that runs verl",
-                    "env-dependency")
+        return Check("run's Python", BLOCKED, str(e), "set VERL_PYTHON / --python to the Python that runs verl",
+                     "env-dependency")
+
+
+def check_locations(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 2, cheap half: where megatron.bridge, megatron.core and verl would load from (find_spec: no module
+    code runs), and that the run's Python has ray."""
+    if not ctx.probe:
+        yield Check("driver imports", SKIPPED, "probes off: where modules load from not checked")
         return
+    found = _located(ctx)
+    if isinstance(found, Check):
+        yield found
+        return
+    ctx.evidence["python"] = {"python": found.raw.get("python"), "version": found.raw.get("version")}
     bridge_src = Path(ctx.bridge.path) / "src"
-    bridge_file = ctx.imports.file_of("megatron.bridge")
+    bridge_file = found.file_of("megatron.bridge")
     ctx.evidence["bridge_file"] = bridge_file
     if not is_under(bridge_file, bridge_src):
-        where = bridge_file or ctx.imports.error_of("megatron.bridge")
+        where = bridge_file or found.error_of("megatron.bridge")
         yield Check("megatron.bridge is the local checkout", BLOCKED, f"megatron.bridge resolves to {where}",
                     f"put {bridge_src} first on PYTHONPATH (or uninstall the megatron-bridge wheel)", "wrong-bridge")
         return
-    err = ctx.imports.error_of("megatron.bridge")
-    if err:
-        yield Check("megatron.bridge imports", BLOCKED, f"{bridge_file}: {err}",
-                    _missing_fix(ctx, ctx.imports.raw["megatron.bridge"]), "env-dependency")
-        return
     yield Check("megatron.bridge is the local checkout", OK, bridge_file)
 
-    core_file = ctx.imports.file_of("megatron.core")
+    core_file = found.file_of("megatron.core")
     expected_core = Path(ctx.bridge.path) / MEGATRON_LM
     ctx.evidence["core_file"] = core_file
     if is_under(core_file, expected_core):
         yield Check("megatron.core origin", OK, f"{core_file} (Bridge's {MEGATRON_LM})")
+    elif core_file is None and megatron_lm_empty(Path(ctx.bridge.path)):
+        yield Check("megatron.core origin", BLOCKED, f"no megatron.core anywhere, and {expected_core} is empty (the "
+                    "submodule is not initialised)", submodule_fix(Path(ctx.bridge.path)), "env-dependency")
+        return
     else:
-        yield Check("megatron.core origin", WARN, f"megatron.core comes from {core_file or ctx.imports.error_of('megatron.core')}, "
+        yield Check("megatron.core origin", WARN, f"megatron.core comes from {core_file or found.error_of('megatron.core')}, "
                     f"not {expected_core}", submodule_fix(Path(ctx.bridge.path)))
     if (IMAGE_MEGATRON_LM / "megatron" / "core").is_dir():
         ctx.notes.append(f"the wrapper prepends {IMAGE_MEGATRON_LM} to PYTHONPATH: megatron.core in the run comes from there")
         yield Check("image Megatron-LM shadowing", WARN, f"{IMAGE_MEGATRON_LM} exists and the wrapper puts it first",
                     "expected in the verl image; record which megatron.core the run used")
 
-    verl_file = ctx.imports.file_of("verl")
+    verl_file = found.file_of("verl")
     ctx.evidence["verl_file"] = verl_file
     if not is_under(verl_file, Path(ctx.verl.path)):
         yield Check("verl is the local checkout", BLOCKED,
-                    f"verl resolves to {verl_file or ctx.imports.error_of('verl')}, not {ctx.verl.path}",
+                    f"verl resolves to {verl_file or found.error_of('verl')}, not {ctx.verl.path}",
                     "the wrapper and the verl package must be one release: put VERL_REPO on PYTHONPATH",
                     "env-dependency")
         return
     yield Check("verl is the local checkout", OK, verl_file)
+    if not found.present("ray"):
+        yield Check("ray", BLOCKED, f"ray is not installed in {ctx.python} (verl's trainer runs on it)",
+                    f"{ctx.python} -m pip install ray (or run inside the verl image)", "env-dependency")
+
+
+def _import_request(ctx: RunContext) -> list[str]:
+    """What the heavy probe imports besides Bridge/core/verl: verl's Bridge modules and modelopt's save path."""
+    return ctx.facts.get("import list", lambda: verl_bridge_imports(Path(ctx.verl.path))
+                         + bridge_modelopt_imports(Path(ctx.bridge.path)))
+
+
+def _heavy_imports(ctx: RunContext) -> ImportProbe:
+    """The heavy probe (one process: every import question), through the probe cache."""
+    modules = _import_request(ctx)
+
+    def run() -> tuple[dict, bool]:
+        probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=modules)
+        return probe.raw, True
+
+    return ImportProbe(ctx.python, probe_cache.through(ctx, "imports", modules, run))
+
+
+def check_imports(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 2, heavy half: the driver really imports this Bridge, Megatron-LM and verl, and what verl's model
+    build, LoRA and checkpoint code import from Bridge."""
+    if not ctx.probe:
+        return
+    try:
+        ctx.imports = ctx.facts.get("imports", lambda: _heavy_imports(ctx))
+    except ProbeError as e:
+        yield Check("megatron.bridge imports", BLOCKED, str(e),
+                    "set VERL_PYTHON / --python to the Python that runs verl", "env-dependency")
+        return
+    bridge_file = ctx.imports.file_of("megatron.bridge")
+    for module in ("megatron.bridge", "verl"):
+        err = ctx.imports.error_of(module)
+        if err:
+            yield Check(f"{module} imports", BLOCKED, f"{ctx.imports.file_of(module)}: {err}",
+                        _missing_fix(ctx, ctx.imports.raw[module]), "env-dependency")
+            return
+    yield Check("megatron.bridge imports", OK, f"{bridge_file} imports in {ctx.imports.raw.get('python')} "
+                f"({ctx.imports.raw.get('version')}), with megatron.core and verl")
     yield from _build_imports(ctx)
 
 
@@ -142,38 +195,45 @@ def _build_imports(ctx: RunContext) -> Iterable[Check]:
     yield Check(name, OK, f"{len(modules)} modules import ({', '.join(m.removeprefix('megatron.bridge.') for m in modules)})")
 
 
-def check_modelopt(ctx: RunContext) -> Iterable[Check]:
-    """Preflight 4: modelopt is needed on verl's checkpoint paths: present, and what Bridge's checkpointing imports
-    from it (verl's LoRA save path) imports — a modelopt installed without its dependencies (pulp) is Blocked."""
-    if ctx.imports is None:
-        yield Check("modelopt", SKIPPED, "needs the import probe")
-        return
-    if not ctx.imports.present("modelopt"):
+def check_modelopt_present(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 4, cheap half: nvidia-modelopt is installed in the run's Python (verl's checkpoint paths need it)."""
+    found = _located(ctx) if ctx.probe else None
+    if not isinstance(found, ImportProbe):
+        return  # check_locations said why
+    if not found.present("modelopt"):
         yield Check("modelopt", BLOCKED, f"{MODELOPT_PACKAGE} is not installed in the run's Python",
                     "invoke install-modelopt", "env-dependency")
         return
+    yield Check("modelopt", OK, f"{MODELOPT_PACKAGE} installed ({found.raw['present']['modelopt']})")
+
+
+def check_modelopt(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 4, heavy half: what Bridge's checkpointing imports from modelopt (verl's LoRA save path) imports —
+    a modelopt installed without its dependencies (pulp) is Blocked."""
+    if ctx.imports is None:
+        return
+    name = "modelopt (LoRA save path)"
     save_path = bridge_modelopt_imports(Path(ctx.bridge.path))
     for module in save_path:
         result = ctx.imports.import_result(module)
         if result.get("error"):
-            yield Check("modelopt", BLOCKED, f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA "
+            yield Check(name, BLOCKED, f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA "
                         f"save path) fails: {result['error']}", _missing_fix(ctx, result), "env-dependency")
             return
     for module, result in ctx.imports.raw.get("imports", {}).items():
         if result.get("error") and _through_modelopt(result):
-            yield Check("modelopt", BLOCKED, f"import {module} fails inside modelopt: {result['error']}",
+            yield Check(name, BLOCKED, f"import {module} fails inside modelopt: {result['error']}",
                         _missing_fix(ctx, result), "env-dependency")
             return
-    detail = f"{MODELOPT_PACKAGE} present" + (f"; {', '.join(save_path)} imports (LoRA save path)" if save_path
-                                                else "")
-    yield Check("modelopt", OK, detail)
+    if save_path:
+        yield Check(name, OK, f"{', '.join(save_path)} imports (Bridge's training/checkpointing.py)")
 
 
 def check_data(ctx: RunContext) -> Iterable[Check]:
     """Preflight 5: the GSM8K parquet files open and have verl's columns."""
     for name in ("train_files", "val_files"):
         path = ctx.settings.values[name]
-        problems = validate_parquet(path)
+        problems = ctx.facts.get(f"data {name}", lambda p=path: validate_parquet(p))
         if problems:
             yield Check(f"data {name.upper()}", BLOCKED, "; ".join(problems[:3]),
                         "invoke prep-data (or set TRAIN_FILES / VAL_FILES)", "data")
@@ -234,7 +294,7 @@ def check_gpus(ctx: RunContext) -> Iterable[Check]:
     if ctx.settings.num_gpus is not None:
         count, how = ctx.settings.num_gpus, f"NUM_GPUS ({ctx.settings.source('num_gpus')})"
     else:
-        count, how = detect_gpus()
+        count, how = ctx.facts.get("gpus", detect_gpus)
     ctx.env["NUM_GPUS"] = str(count)
     detail = f"{count} GPU(s) from {how}; TP x PP x CP = {need}"
     if count < need or count % need:
@@ -306,10 +366,11 @@ def check_uv(ctx: RunContext) -> Iterable[Check]:
 
 
 def check_apex(ctx: RunContext) -> Iterable[Check]:
-    if ctx.imports is None:
-        yield Check("Apex fused kernel", SKIPPED, "needs the import probe")
+    found = _located(ctx) if ctx.probe else None
+    if not isinstance(found, ImportProbe):
+        yield Check("Apex fused kernel", SKIPPED, "needs the run's Python")
         return
-    if ctx.imports.raw.get("apex_fused"):
+    if found.present(APEX_FUSED):
         yield Check("Apex fused kernel", OK, "fused_weight_gradient_mlp_cuda importable")
         return
     ours = [o for o in presets.not_overridden(presets.GRAD_ACCUM_FUSION_OFF, ctx.user_overrides)
@@ -329,10 +390,11 @@ def check_flash_attn(ctx: RunContext) -> Iterable[Check]:
     """verl asks TE for attention_backend=flash; without flash-attn TE has no backend and the first forward raises
     "No dot product attention backend is available": use cuDNN's fused attention (a Limitation)."""
     name = "flash-attn"
-    if ctx.imports is None:
-        yield Check(name, SKIPPED, "needs the import probe")
+    probe = _located(ctx) if ctx.probe else None
+    if not isinstance(probe, ImportProbe):
+        yield Check(name, SKIPPED, "needs the run's Python")
         return
-    found = [m for m in FLASH_ATTN_MODULES if ctx.imports.present(m)]
+    found = [m for m in FLASH_ATTN_MODULES if probe.present(m)]
     if found:
         yield Check(name, OK, f"{', '.join(found)} present (verl's attention_backend=flash)")
         return
@@ -377,12 +439,14 @@ def check_container_image(ctx: RunContext) -> Iterable[Check]:
     yield Check("container image", OK, f"{image} (the exact tag of this Slurm container step)")
 
 
-# Order matters: later checks read what earlier ones found (imports, model path).
-CHECKS: list[CheckFn] = [
+# Phase 1, cheap: no module code of the stack runs (find_spec, files, git, nvidia-smi, disk); what takes time in
+# them (the find_spec probe process, parquet reads, nvidia-smi) is started up front and overlaps. A Blocked result
+# here stops the run before any heavy probe starts. Order = the table's order; later checks read what earlier ones
+# decided (model path; check_apex before check_flash_attn).
+CHEAP: list[CheckFn] = [
     check_repos,
-    check_imports,
-    check_ray_worker,
-    check_modelopt,
+    check_locations,
+    check_modelopt_present,
     check_container_setup,
     check_data,
     check_model,
@@ -394,32 +458,104 @@ CHECKS: list[CheckFn] = [
     check_visible_devices,
     check_uv,
     check_apex,
-    check_flash_attn,  # after check_apex: its ref override decides whether the ref needs its own
-    check_ray_cpus,
+    check_flash_attn,
     check_container_image,
 ]
+# Phase 2, heavy: the driver's imports (one probe process) and the Ray worker probe, started together.
+HEAVY: list[CheckFn] = [check_imports, check_ray_worker, check_modelopt, check_ray_cpus]
+CHECKS: list[CheckFn] = CHEAP + HEAVY
+# which facts a check's answer comes from (for "cached from <time>" in the table)
+USES = {check_imports: ("imports",), check_modelopt: ("imports",), check_ray_worker: ("ray",),
+        check_ray_cpus: ("ray",)}
+
+
+def _prefetch_cheap(ctx: RunContext) -> None:
+    if ctx.probe:
+        ctx.facts.start("locate", lambda: located(ctx))
+    for name in ("train_files", "val_files"):
+        path = ctx.settings.values[name]
+        ctx.facts.start(f"data {name}", lambda p=path: validate_parquet(p))
+    if ctx.settings.num_gpus is None:
+        ctx.facts.start("gpus", detect_gpus)
+
+
+def _start_heavy(ctx: RunContext) -> None:
+    if not ctx.probe:
+        return
+    ctx.facts.start("imports", lambda: _heavy_imports(ctx))
+    start_ray_probe(ctx)
+
+
+def _run(fn: CheckFn, ctx: RunContext) -> list[Check]:
+    began = time.monotonic()
+    checks = list(fn(ctx))
+    took = round(time.monotonic() - began, 3)
+    cached = next((ctx.facts.cached_from[f] for f in USES.get(fn, ()) if f in ctx.facts.cached_from), None)
+    for c in checks:
+        c.duration_s = took
+        c.cached = cached
+    return checks
 
 
 def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
+    """Cheap checks first; heavy probes only when none of them is Blocked. A level stops at the first Blocked check;
+    doctor (stop_at_blocked=False) shows every cheap check, and the heavy ones as not started after a cheap Blocked.
+    Wall times per phase and per probe, and which probes started, land in ctx.evidence["preflight_timings"]."""
+    began = time.monotonic()
     checks: list[Check] = []
-    for fn in CHECKS:
-        for check in fn(ctx):
-            checks.append(check)
-        if stop_at_blocked and any(c.status == BLOCKED for c in checks):
-            break
-    return checks
+    timings: dict = {}
+    _prefetch_cheap(ctx)
+    try:
+        for fn in CHEAP:
+            checks += _run(fn, ctx)
+            if stop_at_blocked and first_blocked(checks):
+                return checks
+        timings["cheap_s"] = round(time.monotonic() - began, 3)
+        blocked = first_blocked(checks)
+        if blocked is not None:
+            checks += [Check(name, SKIPPED, f"not started: '{blocked.name}' is Blocked (heavy probes run once the "
+                             "cheap checks pass)") for name in HEAVY_NAMES if ctx.probe]
+            return checks
+        _start_heavy(ctx)
+        for fn in HEAVY:
+            checks += _run(fn, ctx)
+            if stop_at_blocked and first_blocked(checks):
+                break
+        return checks
+    finally:
+        timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
+        ctx.evidence["preflight_timings"] = {
+            **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
+            "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from)}
+        ctx.facts.close()
+
+
+HEAVY_NAMES = ("megatron.bridge imports", "Ray worker imports the local Bridge", "modelopt (LoRA save path)")
 
 
 def first_blocked(checks: list[Check]) -> Check | None:
     return next((c for c in checks if c.status == BLOCKED), None)
 
 
-def status_table(checks: list[Check]) -> str:
+def status_table(checks: list[Check], timings: bool = False) -> str:
     marks = {OK: "✔", WARN: "!", BLOCKED: "✘", SKIPPED: "-"}
     width = max((len(c.name) for c in checks), default=10)
     lines = []
     for c in checks:
-        lines.append(f"{marks[c.status]} {c.name:<{width}}  {c.detail}")
+        took = f"{c.duration_s:6.2f}s " if timings and c.duration_s is not None else ("        " if timings else "")
+        cached = f" ({c.cached})" if c.cached else ""
+        lines.append(f"{marks[c.status]} {took}{c.name:<{width}}  {c.detail}{cached}")
         if c.fix and c.status in (BLOCKED, WARN):
-            lines.append(f"  {'':<{width}}  fix: {c.fix}")
+            lines.append(f"  {'':<{width + (8 if timings else 0)}}  fix: {c.fix}")
+    return "\n".join(lines)
+
+
+def timings_text(evidence: dict) -> str:
+    """`doctor --timings`: the phases and each probe's own wall time (they overlap: the sum is not the total)."""
+    t = evidence.get("preflight_timings")
+    if not t:
+        return "# timings: none recorded"
+    lines = [f"# timings (s): total {t['total_s']:.2f}, cheap phase {t['cheap_s']:.2f}"]
+    for name, secs in t["facts_s"].items():
+        lines.append(f"  {secs:6.2f}  {name}" + (f" ({t['cached'][name]})" if name in t["cached"] else ""))
     return "\n".join(lines)

@@ -15,8 +15,12 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from env.repos import MEGATRON_LM
+
+if TYPE_CHECKING:
+    from env.checks import RunContext
 
 # Runs in the target Python; argv[1] is a JSON request; prints one JSON object. Import failures are data.
 _PROBE = r"""
@@ -170,6 +174,12 @@ def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout
     raw["modelopt"] = bool(raw["present"].get("modelopt"))
     raw["apex_fused"] = bool(raw["present"].get(APEX_FUSED))
     return ImportProbe(python, raw)
+
+
+def located(ctx: RunContext) -> ImportProbe:
+    """The cheap probe of a run (find_spec only), once per run: where Bridge/core/verl load from, what is present."""
+    return ctx.facts.get("locate", lambda: probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path),
+                                                         heavy=False, environ=ctx.environ))
 
 
 def is_under(path: str | None, root: Path) -> bool:

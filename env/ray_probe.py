@@ -14,10 +14,11 @@ import json
 import os
 import subprocess
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from env import probe_cache
 from env.checks import BLOCKED, OK, SKIPPED, WARN, Check
 from env.pythonpath import is_under, run_entries
 from env.repos import MEGATRON_LM
@@ -129,6 +130,28 @@ def probe_ray_worker(python: str, pythonpath: str, address: str | None = None, c
     return probe
 
 
+def _ray_fact(ctx: RunContext) -> RayProbe:
+    """The worker probe. A throwaway local cluster's answer depends only on the run's Python, PYTHONPATH and files:
+    it goes through the probe cache. An attached cluster (RAY_ADDRESS / --ray-address) is asked every time: its
+    nodes can change under us, and attaching costs no cluster start."""
+    address = ctx.settings.ray_address
+
+    def run() -> tuple[dict, bool]:
+        probe = probe_ray_worker(ctx.python, ctx.pythonpath, address, cwd=Path(ctx.verl.path), environ=ctx.environ,
+                                 own_entries=run_entries(Path(ctx.bridge.path), Path(ctx.verl.path)))
+        return asdict(probe), probe.driver_error is None
+
+    if address:
+        return RayProbe(**run()[0])
+    return RayProbe(**probe_cache.through(ctx, "ray", ["local"], run))
+
+
+def start_ray_probe(ctx: RunContext) -> None:
+    """Start the worker probe next to the driver's import probe (the heavy phase), when it is switched on."""
+    if ctx.probe and ctx.settings.values.get("ray_probe", True):
+        ctx.facts.start("ray", lambda: _ray_fact(ctx))
+
+
 def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
     """Preflight 3: a Ray worker, given the run's runtime_env PYTHONPATH, imports this Bridge checkout."""
     name = "Ray worker imports the local Bridge"
@@ -143,8 +166,7 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
     address = ctx.settings.ray_address
     where = f"Ray cluster at {address}" if address else "a throwaway local Ray cluster"
     fix = f"++ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={ctx.pythonpath} (the level adds it)"
-    probe = probe_ray_worker(ctx.python, ctx.pythonpath, address, cwd=Path(ctx.verl.path), environ=ctx.environ,
-                             own_entries=run_entries(Path(ctx.bridge.path), Path(ctx.verl.path)))
+    probe = ctx.facts.get("ray", lambda: _ray_fact(ctx))
     if address and probe.cluster_cpus is not None:
         ctx.evidence["ray_cluster_cpus"] = probe.cluster_cpus
     if probe.driver_error:

@@ -20,7 +20,7 @@ from typing import Any
 
 from env import presets
 from env.cli import EXIT_BY_RESULT, one_line_errors
-from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks, status_table
+from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks, status_table, timings_text
 from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import Resolved, UsageError, config_section, resolve
@@ -64,6 +64,7 @@ LEVEL_FLAGS: tuple[Flag, ...] = (
     Flag("no_reward_model", False, "disable the reward model (GSM8K rule reward; a Limitation)"),
     Flag("dummy_config", None, "minimal HF config JSON: dummy model, construction and mechanics only"),
     Flag("download", False, "download the model to scratch first when it is absent"),
+    Flag("fresh_probe", False, "ignore the preflight probe cache in $LOG_DIR (probe the environment again)"),
     Flag("skip_bridge_checks", False, "do not require Bridge-side checks (reported as Not requested)"),
     Flag("bridge_tests", None, "extra model-specific Bridge test paths, comma separated"),
     Flag("allow_missing", False, "run the Bridge checks even if a targeted path is missing (named in the report)"),
@@ -113,6 +114,7 @@ class LevelOptions:
     no_reward_model: bool = False
     dummy_config: Path | None = None
     download: bool = False
+    fresh_probe: bool = False
     skip_bridge_checks: bool = False
     bridge_tests: list[str] = field(default_factory=list)
     allow_missing: bool = False
@@ -285,7 +287,7 @@ def build_context(opts: LevelOptions, settings: Resolved, probe: bool, dry_run: 
         wrapper_env=wrapper_env, python=str(settings.python or "python3"), probe=probe,
         no_reward_model=opts.no_reward_model, image_python=environ.get("VERL_E2E_IMAGE_PYTHON") == "1",
         dummy_config=opts.dummy_config, download=opts.download, environ=environ, dry_run=dry_run,
-        user_overrides=list(opts.extra_overrides), base_overrides=list(level.overrides),
+        user_overrides=list(opts.extra_overrides), base_overrides=list(level.overrides), fresh_probe=opts.fresh_probe,
     )
 
 
@@ -459,6 +461,9 @@ def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
 def _import_deliverable(record: dict, judged: list[tuple[dict, Verdict]]) -> Deliverable:
     checks = {c["name"]: c for c in record["preflight"]}
     bridge_check = checks.get("megatron.bridge is the local checkout")
+    imported = checks.get("megatron.bridge imports")  # found where it should be, but does it import?
+    if bridge_check is not None and bridge_check["status"] != BLOCKED and imported and imported["status"] == BLOCKED:
+        return Deliverable("Local Bridge import in verl", "Blocked", f"{imported['name']}: {imported['detail']}")
     if bridge_check is None:
         # the import probe ran but stopped short of that check: its own result, never "did not run"
         ran = checks.get("megatron.bridge imports") or checks.get("driver imports")
@@ -602,16 +607,20 @@ def _describe(state: dict) -> str:
     return RepoState(**{**state, "submodules": subs}).describe()
 
 
-def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool = False) -> int:
+def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool = False, timings: bool = False,
+                   fresh_probe: bool = False) -> int:
     """Every preflight check as a ✔/✘ table; exit 3 when one is Blocked."""
     if level not in presets.LEVELS:
         raise UsageError(f"--level must be 0..5, got {level}")
     settings = resolve(flags, os.environ, config_section(getattr(c, "config", None)))
-    ctx = build_context(LevelOptions(level, variant=presets.LEVELS[level].default_variant), settings, probe=True)
+    opts = LevelOptions(level, variant=presets.LEVELS[level].default_variant, fresh_probe=fresh_probe)
+    ctx = build_context(opts, settings, probe=True)
     checks = run_checks(ctx, stop_at_blocked=False)
     if as_json:
         json.dump([ch.to_json() for ch in checks], sys.stdout, indent=2)
         print()
     else:
-        print(status_table(checks))
+        print(status_table(checks, timings=timings))
+        if timings:
+            print(timings_text(ctx.evidence))
     return 3 if first_blocked(checks) else 0

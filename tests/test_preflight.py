@@ -4,6 +4,7 @@ named. Checks run in-process on fixture checkouts with the real import probe (a 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -115,11 +116,12 @@ def test_modelopt_without_pulp_is_blocked_in_preflight(workspace, monkeypatch, t
         "training/checkpointing.py": "from modelopt.torch.opt.plugins import (\n    save_modelopt_state,\n)\n"})
     ctx, checks = _checks(workspace)
     assert checks["Bridge modules verl imports"].status == OK  # the pulp failure is modelopt's to report, once
-    check = checks["modelopt"]
+    assert checks["modelopt"].status == OK  # installed: the cheap check cannot tell
+    check = checks["modelopt (LoRA save path)"]
     assert check.status == BLOCKED and "No module named 'pulp'" in check.detail
     assert "modelopt.torch.opt.plugins" in check.detail
     assert check.fix.startswith("invoke install-modelopt") and "pulp is missing" in check.fix
-    assert first_blocked(list(checks.values())).name == "modelopt"
+    assert first_blocked(list(checks.values())).name == "modelopt (LoRA save path)"
 
 
 def test_no_modelopt_at_all_is_blocked(workspace, monkeypatch):
@@ -127,3 +129,45 @@ def test_no_modelopt_at_all_is_blocked(workspace, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", "")
     _, checks = _checks(workspace)
     assert checks["modelopt"].status == BLOCKED and checks["modelopt"].fix == "invoke install-modelopt"
+
+
+def test_a_cheap_blocked_starts_no_heavy_probe(workspace, monkeypatch, tmp_path):
+    _with_pythonpath(monkeypatch, workspace)
+    workspace.env.update(VERL_E2E_RAY_PROBE="1", TRAIN_FILES=str(tmp_path / "nope" / "train.parquet"))
+    ctx, checks = _checks(workspace)
+    assert checks["data TRAIN_FILES"].status == BLOCKED
+    assert not ctx.facts.started("imports") and not ctx.facts.started("ray")
+    for name in ("megatron.bridge imports", "Ray worker imports the local Bridge", "modelopt (LoRA save path)"):
+        assert checks[name].status == "skipped" and "not started: 'data TRAIN_FILES' is Blocked" in checks[name].detail
+    assert ctx.evidence["preflight_timings"]["started"] == ["data train_files", "data val_files", "locate"]
+
+
+def test_the_import_probe_is_cached_per_interpreter_pythonpath_and_files(workspace, monkeypatch):
+    _with_pythonpath(monkeypatch, workspace)
+    first, checks = _checks(workspace)
+    assert checks["megatron.bridge imports"].status == OK and checks["megatron.bridge imports"].cached is None
+    again, checks = _checks(workspace)
+    cached = checks["megatron.bridge imports"].cached
+    assert cached and cached.startswith("cached from 20") and cached.endswith(" UTC")
+    assert again.evidence["preflight_timings"]["cached"] == {"imports": cached}
+    # --fresh-probe ignores it
+    environ = dict(workspace.env)
+    opts = LevelOptions(0, fresh_probe=True)
+    ctx = build_context(opts, resolve({"python": sys.executable}, environ), probe=True)
+    ctx.environ = environ
+    fresh = {c.name: c for c in run_checks(ctx, stop_at_blocked=False)}
+    assert fresh["megatron.bridge imports"].cached is None
+    # an edit in the Bridge checkout is a new environment: probed again, and the answer follows the edit
+    (workspace.bridge / "src/megatron/bridge/__init__.py").write_text("import transformer_engine_fixture_missing\n")
+    _, checks = _checks(workspace)
+    assert checks["megatron.bridge imports"].cached is None and checks["megatron.bridge imports"].status == BLOCKED
+    assert "transformer_engine_fixture_missing" in checks["megatron.bridge imports"].fix
+
+
+def test_doctor_timings_shows_each_check_and_probe(workspace):
+    proc = workspace.invoke("doctor", "--timings")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(ln for ln in proc.stdout.splitlines() if "megatron.bridge imports" in ln)
+    assert re.match(r"✔ +\d+\.\d\ds megatron\.bridge imports", row), row
+    timings = proc.stdout.split("# timings (s): total ", 1)[1]
+    assert re.search(r"^ +\d+\.\d\d  imports$", timings, re.M) and re.search(r"^ +\d+\.\d\d  locate$", timings, re.M)
