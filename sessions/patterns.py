@@ -285,7 +285,8 @@ PATTERNS: tuple[Pattern, ...] = (
        category="env-ray-import", result="blocked", covered_by="rror"),
     _p("shared-object", "shared object", r"cannot open shared object file", "error",
        category="env-dependency", result="blocked", covered_by="rror"),
-    _p("undefined-symbol", "undefined symbol", r"\.so[\w.]*: undefined symbol: \w+", "error",
+    _p("undefined-symbol", "", r"\.so[\w.]*: undefined symbol: \w+|no kernel image is available for execution",
+       "error",
        category="env-dependency", result="blocked", covered_by="rror",
        hint="A compiled extension does not match the installed torch/CUDA (undefined symbol): reinstall it for "
             "this environment."),
@@ -316,7 +317,8 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("disk-full", "No space", r"No space left on device", "error", category="env-disk", result="blocked"),
     _p("disk-quota", "quota exceeded", r"[Dd]isk quota exceeded", "error", category="env-disk", result="blocked",
        covered_by="rror"),
-    _p("data-parquet", "parquet", r"(?:FileNotFoundError|No such file or directory|does not exist).*\.parquet",
+    _p("data-parquet", "parquet", r"(?:FileNotFoundError|No such file or directory|does not exist|Unable to find)"
+       r".*\.parquet",
        "error", category="data", result="blocked", covered_by="rror"),
     _p("data-arrow", "Arrow", r"(?:pyarrow\.lib\.)?Arrow(?:Invalid|IOError|TypeError)", "error", category="data",
        result="blocked", covered_by="rror"),
@@ -325,8 +327,10 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("rm-missing", "eward", r"(?i)^(?=.*(?:reward|rm_model))(?=.*(?:does not appear to have|No such file|"
        r"not a local folder|Incorrect path_or_model_id|Can't load|not found))", "error", category="reward-model",
        result="blocked", covered_by="rror"),
-    _p("model-missing", "rror", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
-       r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id", "error",
+    _p("model-missing", "", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
+       r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id|"
+       r"Can't load (?:tokenizer|the configuration|config) for|LocalEntryNotFoundError|"
+       r"couldn't connect to 'https://huggingface\.co'", "error",
        category="data", result="blocked",
        hint="The model path does not hold a Hugging Face model (config.json): check MODEL_PATH "
             "(`invoke download-model`)."),
@@ -363,7 +367,8 @@ PATTERNS: tuple[Pattern, ...] = (
        category="rollout", result="fail"),
     _p("dist-ckpt", "heckpoint", r"CheckpointingException|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)", "error",
        category="checkpoint", result="fail"),
-    _p("state-dict", "state_dict", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for", "error",
+    _p("state-dict", "", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for|"
+       r"Error\(s\) in loading state_dict", "error",
        category="provider", result="fail", hint="Weights and model do not match: check the provider's param "
        "mapping (HF import) or, on resume, the checkpoint (rerun with SAVE_FREQ=-1).", covered_by="rror"),
     _p("parallel-sizes", "parallel",
@@ -372,12 +377,18 @@ PATTERNS: tuple[Pattern, ...] = (
        category="provider", result="fail", hint=H_PARALLEL, covered_by="rror"),
     _p("lora-target", "arget", r"(?i)target[_ ]modules?.*(?:not found|no match|did not match|not present|"
        r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror"),
+    _p("config-check", "", r"(?:batch_size|micro_batch|mini_batch|n_gpus|world_size|nnodes|num_gpus)\w*.*"
+       r"(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least)", "error",
+       category="config", result="fail", covered_by="rror"),
+    _p("reward-fn", "eward", r"Reward function is not implemented|reward function .*not (?:implemented|found)",
+       "error", category="reward-model", result="fail", covered_by="rror"),
     _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|ConfigCompositionException|ConfigKeyError|"
        r"ConfigAttributeError", "error", category="config", result="fail", covered_by="rror"),
     _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
        result="fail", covered_by="rror"),
     _p("actor-died", "", r"ActorDiedError(?!: The actor died because of an error raised in its "
-       r"creation task)|The actor died unexpectedly|NodeDiedError", "error",
+       r"creation task)|The actor died unexpectedly|NodeDiedError|RayActorError|WorkerCrashedError|OwnerDiedError",
+       "error",
        category="actor-died", result="fail", covered_by="rror"),
     _p("worker-died", "illed", r"A worker died or was killed|(?<!\w)Killed(?!\w)|killed by signal", "error",
        category="actor-died", result="fail", specific=False),

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from sessions import patterns
 from sessions.logstream import join_wrapped, normalise, scan_file
 from sessions.verdict import ALL_NEEDLES, judge_command, judge_lines, judge_log, parse_metrics
@@ -142,3 +144,26 @@ def test_a_giant_line_without_newline_is_read_in_pieces(tmp_path):
         logstream.MAX_LINE_BYTES = old
     assert any(b"RuntimeError: deep inside" in piece for piece in found)
     assert max(len(piece) for piece in found) <= 2 << 20
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("RuntimeError: CUDA error: no kernel image is available for execution on the device", ("Blocked", "env-dependency")),
+    ("OSError: Can't load tokenizer for '/models/Qwen2.5-0.5B'.", ("Blocked", "data")),
+    ("ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.", ("Fail", "actor-died")),
+    ("AssertionError: real_train_batch_size (32) must be divisible by minimal possible batch size (64)",
+     ("Fail", "config")),
+    ("NotImplementedError: Reward function is not implemented for data_source='my/gsm8k'", ("Fail", "reward-model")),
+    ("RuntimeError: Error(s) in loading state_dict for GPTModel:", ("Fail", "provider")),
+    ("torch.distributed.DistNetworkError: Connection reset by peer", ("Fail", "nccl")),
+    ("Out of memory: Killed process 4242 (python3) total-vm:99GB", ("Fail", "oom")),
+    ("[rank3]:[E419 10:42:28.8 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective operation timeout: "
+     "WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600001 milliseconds before timing out.",
+     ("Fail", "hang")),
+    ("ModuleNotFoundError: No module named 'flash_attn'", ("Blocked", "env-dependency")),
+    ("Could not override 'trainer.foo'.", ("Blocked", "config")),
+])
+def test_a_named_cause_in_an_excerpt_gives_its_result_and_category(line, expected):
+    verdict = judge_lines(["(TaskRunner pid=1) Training Progress:   0%|          | 0/5 [00:00<?, ?it/s]", line,
+                           "(TaskRunner pid=1) Training Progress:   0%|          | 0/5 [00:09<?, ?it/s]"])
+    assert (verdict.result, verdict.category) == expected, verdict.first_error
+    assert line.split(": ", 1)[-1][:30] in verdict.first_error
