@@ -56,8 +56,13 @@ def normalise(raw: str) -> list[LogLine]:
     if "[3" in raw or "[0m" in raw:  # a paste that lost the ESC byte keeps "[36m" or "^[[36m"
         raw = ANSI_RESIDUE_RE.sub("", raw)
     raw = raw.rstrip("\n")
-    if raw[:1].isdigit() or raw[:1] == "[":
-        raw = EXTERNAL_PREFIX_RE.sub("", raw, count=1)
+    for _ in range(2):  # a timestamped capture of an already timestamped log has two
+        if not (raw[:1].isdigit() or raw[:1] == "["):
+            break
+        stripped = EXTERNAL_PREFIX_RE.sub("", raw, count=1)
+        if stripped == raw:
+            break
+        raw = stripped
     source = inner = None
     if raw.startswith("("):
         pos = 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 from pathlib import Path
 
 from sessions.verdict import judge_log
@@ -85,3 +86,28 @@ def test_level_criteria_are_a_second_answer_not_part_of_the_run():
                     bridge_src="/work/Megatron-Bridge/src")  # a level run knows its checkout
     assert (own.result, own.level_result) == ("Pass", "Pass")
     assert {c.name: c.status for c in own.criteria}["VANILLA_MBRIDGE=False in the wrapper's output"] == "Pass"
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+RAY_PREFIX = re.compile(r"^(?:\x1b\[36m)?\((?:[A-Za-z_][\w.\-]*(?: pid=\d+)?|pid=\d+)(?:, ip=[\d.]+)?\)(?:\x1b\[0m)? ?")
+CAPTURES = {  # how the same run reaches a user through other tools: the verdict must not move
+    "no ANSI (copied from a terminal)": lambda line: ANSI.sub("", line),
+    "no Ray prefixes (one process's output)": lambda line: RAY_PREFIX.sub("", line),
+    "external timestamps (a log shipper)": lambda line: "[2026-01-01 00:00:00] " + line,
+    "CRLF line ends (a Windows paste)": lambda line: line + "\r",
+}
+
+
+def test_the_same_logs_captured_otherwise_get_the_same_verdict(tmp_path):
+    moved = []
+    for row in index_rows():
+        path = REAL_LOGS / row["file"]
+        base = judge_log(path)
+        lines = path.read_bytes().decode("utf-8", "replace").splitlines()
+        for name, capture in CAPTURES.items():
+            variant = tmp_path / "variant.log"
+            variant.write_text("\n".join(capture(line) for line in lines) + "\n", encoding="utf-8")
+            got = judge_log(variant)
+            if (got.result, got.category) != (base.result, base.category):
+                moved.append(f"{row['file']} {name}: {base.result}/{base.category} -> {got.result}/{got.category}")
+    assert not moved, "\n".join(moved)
