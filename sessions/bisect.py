@@ -41,7 +41,9 @@ DEFAULT_BAD = ("provider", "checkpoint", "nan-metrics", "bridge-checks")
 STEP_CATEGORIES = (*CATEGORIES, "bridge-checks")
 FAIL_CATEGORIES = tuple(c for c in STEP_CATEGORIES if c not in ("success", "interrupted"))
 RUN_DIR_LINE = re.compile(re.escape(TOOL_PREFIX) + r" run directory: (.+?)\s*$")
-STOP_GRACE_S = 90  # a level stopped by Ctrl-C still stops verl and writes its summary
+# a level stopped by Ctrl-C still stops verl (GRACE_S, then KILL) and writes its summary; below the 60 s that
+# `invoke remote` grants this whole task before its own SIGTERM
+STOP_GRACE_S = 45
 REPLAY_FILE = "bisect-replay.log"
 REUSED_RESULTS = ("Pass", "Fail")  # verdicts about the commit; Blocked and interrupted runs say nothing lasting
 
@@ -139,6 +141,7 @@ class Step:
     sentence: str = ""
     submodules: list[str] = field(default_factory=list)
     purpose: str = "bisect"  # bisect | confirm (verdict of the first bad commit or its parent)
+    notes: list[str] = field(default_factory=list)
 
 
 def _first_error(summary: dict) -> str:
@@ -248,8 +251,9 @@ class LevelRunner:
 
 
 def _stop(proc: subprocess.Popen) -> int | None:
-    """Ctrl-C for the level (it stops verl and writes its summary), then TERM, then KILL; further Ctrl-C ignored."""
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Ctrl-C for the level (it stops verl and writes its summary), then TERM, then KILL; meanwhile further Ctrl-C
+    and SIGTERM are ignored (the checkout must not move under a level that is still stopping)."""
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for sig, grace in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
             try:
@@ -262,7 +266,8 @@ def _stop(proc: subprocess.Popen) -> int | None:
                 continue
         return proc.poll()
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------- the bisection
@@ -330,6 +335,8 @@ class Bisection:
         except GitStepError as e:
             return self._record(Step(len(self.steps) + 1, commit, info.subject, "none", "checkout", "skip",
                                      f"submodule not updated → skip: {e}", purpose=purpose))
+        # files an earlier step left behind (not ignored by the checkout) change what this step judges
+        leftover = self.checkout.dirty_files()
         judged = self.runner.find_judged()
         if judged is not None:
             run_dir, summary = judged
@@ -356,6 +363,9 @@ class Bisection:
                             first_error=last, purpose=purpose)
         step.duration_s = time.monotonic() - started
         step.submodules = moves
+        if leftover:
+            step.notes.append(f"the checkout was not clean at this commit: {', '.join(leftover)} (left by an "
+                              f"earlier step? add them to .gitignore or remove them)")
         return self._record(step)
 
     def _from_summary(self, commit: str, info: CommitInfo, summary: dict, run_dir: Path, purpose: str,
@@ -529,6 +539,9 @@ def report(b: Bisection, report_dir: Path, started: float, argv_display: str) ->
     lines += ["", "## Skipped commits", ""]
     lines += [f"- {s.commit[:12]} {s.subject}: {s.rule}" + (f" — {_cell(s.first_error, 300)}" if s.first_error else "")
               for s in skipped] or ["- none"]
+    notes = [f"- step {s.n} ({s.commit[:12]}): {note}" for s in b.steps for note in s.notes]
+    if notes:
+        lines += ["", "## Notes", "", *notes]
     lines += ["", "## Checkout", ""]
     start = b.start
     if start is not None:
@@ -541,7 +554,7 @@ def report(b: Bisection, report_dir: Path, started: float, argv_display: str) ->
     summary = {
         "suite": f"verl-e2e.bisect.level{b.line.number}", "result": b.outcome, "exit_code": code,
         "sentence": sentence, "repo": b.opts.repo, "path": str(co.path), "good": b.good, "bad": b.bad,
-        "first_bad": first if b.outcome == "found" else None, "contradiction": contradiction,
+        "first_bad": first if b.outcome == "found" and contradiction is None else None, "contradiction": contradiction,
         "candidates": candidates, "remaining": remaining, "runs": b.runs,
         "reused": sum(s.reused for s in b.steps), "seconds": round(time.time() - started, 2),
         "rules": b.opts.rules, "on": sorted(b.opts.on_given), "level_command": b.line.display(),

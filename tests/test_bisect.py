@@ -196,6 +196,22 @@ def test_finds_the_provider_break_skips_the_blocked_commit_restores_and_reuses(w
     assert "(--on: provider=skip)" in (bisect_dirs(ws)[-1] / "summary.md").read_text()
     assert checkout_state(ws.bridge) == before
 
+    # the --bad commit itself is the break: git names it untested, so bisect judges it (and its parent) itself
+    edge = ws.invoke("bisect", "--good", history.c(7), "--bad", history.c(9), "level0", "--skip-bridge-checks",
+                     timeout=900)
+    assert edge.returncode == 0, edge.stdout[-3000:] + edge.stderr[-3000:]
+    s4 = _summary(bisect_dirs(ws)[-1])
+    assert s4["first_bad"] == history.c(9)
+    assert [(st["commit"], st["purpose"], st["result"]) for st in s4["steps"]] == \
+        [(history.c(8), "bisect", "Pass"), (history.c(9), "confirm", "Fail")]
+    # an endpoint that contradicts the level: --bad c8 passes, so no first bad commit is claimed
+    wrong = ws.invoke("bisect", "--good", history.c(7), "--bad", history.c(8), "level0", "--skip-bridge-checks",
+                      timeout=900)
+    assert wrong.returncode == 3, wrong.stdout[-3000:] + wrong.stderr[-3000:]
+    s5 = _summary(bisect_dirs(ws)[-1])
+    assert s5["first_bad"] is None and "passes: --bad " + history.c(8) + " is not bad" in s5["contradiction"]
+    assert checkout_state(ws.bridge) == before
+
 
 def test_max_steps_stops_with_the_remaining_range_and_restores_the_stash(workspace, history):
     ws = workspace
