@@ -2,8 +2,8 @@
 
 The history (built here with gitpython on top of the fixture Bridge checkout) is linear, 13 commits past the
 fixture's own: G (good: the package builds its provider inside verl's workers), then c1..c12 with
-- c5: moves the 3rdparty/Megatron-LM submodule to a new commit,
 - c6: the Bridge is unimportable (preflight Blocks the level: skip), fixed again in c7,
+- c8: moves the 3rdparty/Megatron-LM submodule to a new commit (so git's first pick, c6, moves it back),
 - c9: the provider breaks (the fixture trainer's worker import builds the provider and fails: a provider Fail).
 """
 
@@ -77,7 +77,7 @@ def build_history(bridge: Path) -> History:
     for n in range(1, 13):
         files = {f"docs/notes/{n:02d}.md": f"note {n}\n"}
         message = f"Docs: note {n}"
-        if n == 5:  # the submodule moves: a new Megatron-LM commit, recorded by the Bridge
+        if n == 8:  # the submodule moves: a new Megatron-LM commit, recorded by the Bridge
             (bridge / "3rdparty/Megatron-LM/megatron/core/moved.py").write_text("MOVED = True\n")
             mlm.git.add("-A")
             mlm.index.commit("Megatron-LM: a newer commit", author=FIXTURE_DEV, committer=FIXTURE_DEV)
@@ -146,14 +146,15 @@ def test_finds_the_provider_break_skips_the_blocked_commit_restores_and_reuses(w
     assert all(not st["reused"] for st in s["steps"]) and s["runs"] == len(s["steps"])
     # each step ran with the submodule commit its Bridge commit records
     for st in s["steps"]:
-        want = history.mlm_old if history.commits.index(st["commit"]) < 4 else history.mlm_new
+        want = history.mlm_old if history.commits.index(st["commit"]) < 7 else history.mlm_new
         record = _run_json(st["run_dir"])
         assert record["bridge"]["head_full"] == st["commit"]
         assert record["bridge"]["submodules"]["3rdparty/Megatron-LM"]["head_full"] == want, st
         assert record["bridge"]["dirty"] == []
     moved = [st for st in s["steps"] if st["submodules"]]
     assert moved and all(m["submodules"][0].startswith("3rdparty/Megatron-LM ") for m in moved)
-    assert any(history.commits.index(m["commit"]) < 4 for m in moved)  # moved back before c5, then forward
+    assert s["steps"][0]["commit"] == history.c(6)  # git's first pick: the middle of c1..c12
+    assert s["steps"][0]["submodules"] == [f"3rdparty/Megatron-LM {history.mlm_new[:8]} → {history.mlm_old[:8]}"]
     md = (report_dir / "summary.md").read_text()
     assert f"- hash: {history.c(9)}" in md and "- subject: Provider: default tensor parallel size 2" in md
     assert "  - M src/megatron/bridge/providers.py" in md and "- author date: " in md
@@ -223,10 +224,16 @@ def test_max_steps_stops_with_the_remaining_range_and_restores_the_stash(workspa
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     s = _summary(bisect_dirs(ws)[0])
     assert s["result"] == "stopped" and s["runs"] == 2
-    # c6 skipped, c3 good: the first bad commit is one of c4..c12 (newest first)
-    assert [st["commit"] for st in s["steps"]] == [history.c(6), history.c(3)]
-    assert s["remaining"] == history.commits[3:][::-1]
-    assert "## Range that remains (9 commits, newest first)" in (bisect_dirs(ws)[0] / "summary.md").read_text()
+    # c6 (the middle) skipped; git's next pick near it (which one depends on commit order within one second)
+    # decides the range that remains: after it when it passed (c1..c8), up to it when it failed (c9..c12)
+    first, second = s["steps"]
+    assert (first["commit"], first["result"], first["mark"]) == (history.c(6), "Blocked", "skip")
+    i = history.commits.index(second["commit"])
+    assert (second["result"], second["mark"]) == (("Pass", "good") if i < 8 else ("Fail", "bad"))
+    want = history.commits[i + 1:] if i < 8 else history.commits[: i + 1]
+    assert s["remaining"] == want[::-1]
+    assert f"## Range that remains ({len(want)} commits, newest first)" in \
+        (bisect_dirs(ws)[0] / "summary.md").read_text()
     # the stashed edits ran nowhere (each step was clean) and are back, byte for byte
     assert all(_run_json(st["run_dir"])["bridge"]["dirty"] == [] for st in s["steps"])
     assert checkout_state(ws.bridge) == before
@@ -277,7 +284,8 @@ def test_ctrl_c_stops_the_level_and_restores_branch_submodule_and_stash(workspac
         time.sleep(0.5)
     assert log is not None, "the level never reached training"
     mid = checkout_state(ws.bridge)
-    assert mid["bisecting"] and mid["head"] == history.c(6)  # git's first pick: the middle of c1..c12
+    # mid-bisection: the checkout sits at the commit under test (c6 was Blocked in preflight: never in training)
+    assert mid["bisecting"] and mid["head"] == _run_json(str(log.parent))["bridge"]["head_full"] != before["head"]
     proc.send_signal(signal.SIGINT)  # to the bisect process itself, as a terminal's Ctrl-C would
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 130, out[-3000:] + err[-3000:]
