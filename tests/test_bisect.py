@@ -277,12 +277,16 @@ def test_ctrl_c_stops_the_level_and_restores_branch_submodule_and_stash(workspac
     deadline = time.monotonic() + 120
     log = None
     while time.monotonic() < deadline:
-        logs = list(ws.log_dir.glob("*-level0-*/verl.log"))
-        if logs and "Total training steps" in logs[0].read_text(errors="replace"):
-            log = logs[0]
+        # the level in training (an earlier step may have failed before training: a provider break)
+        log = next((p for p in ws.log_dir.glob("*-level0-*/verl.log")
+                    if "Total training steps" in p.read_text(errors="replace")), None)
+        if log is not None:
             break
         time.sleep(0.5)
-    assert log is not None, "the level never reached training"
+    if log is None:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the level never reached training:\n{out[-4000:]}\n{err[-2000:]}")
     mid = checkout_state(ws.bridge)
     # mid-bisection: the checkout sits at the commit under test (c6 was Blocked in preflight: never in training)
     assert mid["bisecting"] and mid["head"] == _run_json(str(log.parent))["bridge"]["head_full"] != before["head"]
