@@ -47,7 +47,7 @@ def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None,
 @task(
     help={
         "log": "a verl log file (any, also logs not made by this tool)",
-        "level": "judge against this level's rule (default 0)",
+        "level": "also apply this level's criteria (each Pass / Fail / not shown); without it: the run alone",
         "steps": "expected training steps (default: from the log)",
         "exit_code": "the wrapper's exit code, when known",
         "json": "print the verdict as JSON",
@@ -55,7 +55,7 @@ def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None,
 )
 @one_line_errors
 def judge(c, log, level=None, steps=None, exit_code=None, json=False):
-    """Judge a verl log: Pass / Fail / Blocked with category, first error and triage hint."""
+    """Judge a verl log: the run's Pass / Fail / Blocked (category, first error, hint); with --level, the level's."""
     from sessions.verdict import judge_command
 
     return judge_command(
