@@ -179,14 +179,19 @@ def parse_metrics(rest: str) -> dict[str, float]:
         key, sep, raw = part.partition(":")
         if not sep:
             continue
-        raw = raw.strip()
-        if raw.startswith("np."):
-            match = NP_NUMBER_RE.match(raw)
-            raw = match.group(1) if match else raw
+        if raw.startswith("np.") and raw.endswith(")"):  # np.float64(0.5): no regex, this runs per metric
+            raw = raw[raw.find("(") + 1 : -1]
         try:
             metrics[key.strip()] = float(raw)
         except ValueError:
-            continue
+            raw = raw.strip()
+            if raw.startswith("np."):
+                match = NP_NUMBER_RE.match(raw)
+                raw = match.group(1) if match else raw
+            try:
+                metrics[key.strip()] = float(raw)
+            except ValueError:
+                continue
     return metrics
 
 
