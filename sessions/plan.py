@@ -1,5 +1,7 @@
-"""`invoke plan`: read the Bridge change, pick the coverage levels it justifies (env/plan_rules.py), and with
-`--run` run them in order through the real `invoke levelN` tasks, then write one combined report.
+"""`invoke plan`: read the Bridge change, decide which coverage levels it justifies from what verl actually reaches
+(env/bridge_surface.py reads verl's use of Bridge, sessions/plan_reach.py follows it through Bridge's code, the
+rules are data in env/plan_rules.py), and with `--run` run them in order through the real `invoke levelN` tasks,
+then write one combined report.
 
 The change = committed since the merge-base with the base (default: the upstream main branch), plus uncommitted
 (staged or not) and untracked files, read with gitpython. Levels run as `invoke levelN` subprocesses rather than
@@ -10,6 +12,7 @@ plan's report down with it.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import json
 import os
@@ -17,6 +20,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +28,14 @@ from typing import Any
 import git
 
 from env import plan_rules, presets
+from env.bridge_surface import SurfaceError, VerlSurface, read_surface
 from env.cli import EXIT_BY_RESULT
 from env.plan_rules import Family, Rule
 from env.repos import RepoError, open_repo
 from env.settings import UsageError, config_section, resolve
+from sessions import plan_reach
 from sessions.launch import TOOL_PREFIX
+from sessions.plan_reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.progress import Relay
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_junit
 from sessions.rundir import new_run_dir
@@ -36,6 +43,7 @@ from sessions.rundir import new_run_dir
 PROJECT = Path(__file__).resolve().parent.parent
 MAX_UNTRACKED_BYTES = 2_000_000  # larger untracked files count by path only
 BASE_CANDIDATES = ("upstream/main", "origin/main")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 # ---------------------------------------------------------------- reading the change
@@ -46,7 +54,10 @@ class ChangedFile:
     path: str  # repo-relative POSIX path (the new path of a rename)
     status: str  # A | M | D | R | T | ?? (untracked)
     origins: list[str] = field(default_factory=list)  # committed | uncommitted | untracked
-    lines: list[str] = field(default_factory=list)  # changed lines (+/-) and hunk context; a new file: all of it
+    added: list[int] = field(default_factory=list)  # new-side line numbers of added lines
+    removed: list[int] = field(default_factory=list)  # old-side line numbers of removed lines
+    old_path: str | None = None  # where it was at the merge-base (None: new file)
+    old_text: str | None = None  # its text at the merge-base (Python under src/ only)
 
 
 @dataclass
@@ -101,38 +112,46 @@ def _name_status(repo: git.Repo, *args: str) -> dict[str, str]:
     return result
 
 
-def _diff_lines(repo: git.Repo, merge_base: str) -> dict[str, list[str]]:
-    """Changed lines per file, merge-base → working tree, with each hunk's function context (`def finalize`)."""
+def _diff_lines(repo: git.Repo, merge_base: str) -> dict[str, tuple[str | None, list[int], list[int]]]:
+    """Per file, merge-base → working tree: (old path, added line numbers, removed line numbers). Only the
+    changed lines: hunk headers and context never count."""
     text = repo.git.diff("-U0", "--no-color", "--no-ext-diff", "-M", "--ignore-submodules=dirty", merge_base)
-    lines: dict[str, list[str]] = {}
+    out: dict[str, tuple[str | None, list[int], list[int]]] = {}
     old = current = None
+    new_line = old_line = 0
     for raw in text.splitlines():
         if raw.startswith("diff --git "):
             old = current = None
-        elif raw.startswith("--- "):
+        elif raw.startswith("--- ") and current is None:
             old = None if raw[4:] == "/dev/null" else _unquote(raw[4:])[2:]
-        elif raw.startswith("+++ "):
+        elif raw.startswith("+++ ") and current is None:
             current = old if raw[4:] == "/dev/null" else _unquote(raw[4:])[2:]
             if current is not None:
-                lines.setdefault(current, [])
+                out.setdefault(current, (old, [], []))
         elif current is None:
             continue
-        elif raw.startswith("@@"):
-            context = raw.split("@@", 2)[-1].strip()
-            if context:
-                lines[current].append(context)
-        elif raw[:1] in "+-":
-            lines[current].append(raw[1:])
-    return lines
+        elif m := HUNK.match(raw):
+            old_line, new_line = int(m.group(1)), int(m.group(3))
+        elif raw.startswith("+"):
+            out[current][1].append(new_line)
+            new_line += 1
+        elif raw.startswith("-"):
+            out[current][2].append(old_line)
+            old_line += 1
+    return out
 
 
-def _read_text(path: Path) -> list[str]:
+def _read_text(path: Path) -> str | None:
     try:
         if path.stat().st_size > MAX_UNTRACKED_BYTES:
-            return []
-        return path.read_text(encoding="utf-8").splitlines()
+            return None
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
-        return []  # binary or unreadable: it still counts by its path
+        return None  # binary or unreadable: it still counts by its path
+
+
+def _is_bridge_python(path: str) -> bool:
+    return path.startswith(plan_rules.SRC) and path.endswith(".py")
 
 
 def read_change(bridge_repo: Path | str, base: str | None = None) -> Change:
@@ -152,23 +171,30 @@ def read_change(bridge_repo: Path | str, base: str | None = None) -> Change:
     merge_base = bases[0].hexsha
     committed = _name_status(repo, merge_base, "HEAD")
     uncommitted = _name_status(repo, "HEAD")
-    content = _diff_lines(repo, merge_base)
+    lines = _diff_lines(repo, merge_base)
     files: dict[str, ChangedFile] = {}
     for origin, table in (("committed", committed), ("uncommitted", uncommitted)):
         for path, status in table.items():
             f = files.setdefault(path, ChangedFile(path, status))
             f.status = status if origin == "uncommitted" else f.status
             f.origins.append(origin)
-    for path, f in files.items():
-        f.lines = content.get(path, [])
     root = Path(repo.working_tree_dir or ".")
+    for path, f in files.items():
+        f.old_path, f.added, f.removed = lines.get(path, (path if f.status != "A" else None, [], []))
+        if f.old_path and f.removed and _is_bridge_python(f.old_path):
+            try:
+                f.old_text = repo.git.show(f"{merge_base}:{f.old_path}")
+            except git.GitCommandError:
+                f.old_text = None
     for path in repo.untracked_files:
-        files[path] = ChangedFile(path, "??", ["untracked"], _read_text(root / path))
+        text = _read_text(root / path)
+        files[path] = ChangedFile(path, "??", ["untracked"], list(range(1, len(text.splitlines()) + 1))
+                                  if text else [])
     return Change(repo=str(root.resolve()), head=repo.head.commit.hexsha[:7], base=base,
                   merge_base=merge_base[:7], files=sorted(files.values(), key=lambda f: f.path))
 
 
-# ---------------------------------------------------------------- matching rules
+# ---------------------------------------------------------------- what the change is, and what verl reaches of it
 
 
 def _matches(path: str, patterns: tuple[str, ...]) -> bool:
@@ -179,18 +205,161 @@ def is_doc(path: str) -> bool:
     return _matches(path, plan_rules.DOC_PATTERNS)
 
 
-_COMPILED: dict[str, re.Pattern | None] = {
-    r.name: re.compile("|".join(f"(?:{c})" for c in r.content)) if r.content else None for r in plan_rules.RULES
+TIERS = {
+    "calls": "verl runs it",
+    "api": "new public Bridge API in a module verl imports (no Bridge caller: it is there for frameworks like verl)",
+    "imports": "in a module verl imports, but only Bridge's own code calls it: counts by what it is about only",
+    "none": "verl never imports it",
 }
 
 
-def rule_fires(rule: Rule, f: ChangedFile) -> bool:
-    if _matches(f.path, rule.exclude):
-        return False
-    if _matches(f.path, rule.paths):
-        return True
-    regex = _COMPILED[rule.name]
-    return bool(regex and _matches(f.path, rule.content_scope) and any(regex.search(line) for line in f.lines))
+@dataclass
+class ChangedUnit:
+    key: str  # plan_reach unit key
+    file: str
+    kind: str
+    tier: str  # calls | api | imports | none
+    path: list[tuple[str, str]]  # from verl's surface down to the unit (unit, how)
+    words: dict[str, list[str]]  # subject / code: the identifiers that count
+    new: bool = False
+    entries: list[str] = field(default_factory=list)  # verl entry points whose calls run it
+    export_only: bool = False  # run by verl's weight export, never by its import/provider build
+    family: str | None = None  # the provider folder it belongs to (None: family-independent)
+
+    @property
+    def name(self) -> str:
+        return self.key.split(":", 1)[-1] if ":" in self.key else f"{self.key} (module code)"
+
+    def to_json(self) -> dict:
+        return {"unit": self.name, "file": self.file, "tier": self.tier, "new": self.new,
+                "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
+                "entries": self.entries, "export_only": self.export_only,
+                "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40]}
+
+
+def plan_reach_label(key: str) -> str:
+    return key.split(":", 1)[1] if ":" in key else key
+
+
+def _family_folder(path: str) -> str | None:
+    if not path.startswith(plan_rules.MODELS):
+        return None
+    rest = path[len(plan_rules.MODELS):]
+    if "/" not in rest:
+        return None
+    folder = rest.split("/")[0]
+    return None if folder in plan_rules.GENERIC_MODEL_DIRS else folder
+
+
+@dataclass
+class Analysis:
+    """The changed units with what verl reaches of them."""
+
+    surface: VerlSurface
+    units: list[ChangedUnit]
+    modules_reached: set[str]
+
+
+def topic_hits(rule: Rule, idents: list[str], topics: tuple[str, ...] | None = None) -> list[str]:
+    """The identifiers a rule's topics match (every word of a topic among one identifier's words)."""
+    topics = [set(t.split()) for t in (topics or rule.topics)]
+    return [i for i in idents if any(t <= set(plan_reach.words_of(i)) for t in topics)]
+
+
+def _direction(label: str) -> str | None:
+    words = set(plan_reach.words_of(label.split(".")[-1]))
+    hit = lambda table: any(set(t.split()) <= words for t in table)  # noqa: E731
+    if hit(plan_rules.EXPORT_WORDS):
+        return "export"
+    if hit(plan_rules.IMPORT_WORDS):
+        return "import"
+    return None
+
+
+def _has_bridge_caller(index: BridgeIndex, unit: Unit) -> bool:
+    """Does any Bridge source name this unit outside its own definition (a call, a registration, an import)?"""
+    name = unit.name.split(".")[-1]
+    pattern = re.compile(rf"\b{re.escape(name)}\b")
+    for rel in index.modules.files.values():
+        text = index._text(rel) or ""
+        for m in pattern.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            if rel == unit.file and unit.start <= line <= unit.end:
+                continue
+            return True
+    return False
+
+
+def analyse(change: Change, verl_repo: Path | str) -> Analysis:
+    """Changed functions/classes of Bridge's source, each with whether and how verl reaches it."""
+    try:
+        surface = read_surface(verl_repo)
+    except SurfaceError as e:
+        raise UsageError(str(e)) from None
+    index = BridgeIndex(change.repo)
+    global_reach = plan_reach.reach(index, plan_reach.verl_seeds(index, surface), surface.attributes)
+    modules = {k for k in global_reach.steps if ":" not in k}
+    units: dict[str, ChangedUnit] = {}
+    per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence]]] = {}
+    for f in change.files:
+        if not _is_bridge_python(f.path):
+            continue
+        text = index._text(f.path)
+        if text is not None and f.added:
+            code = plan_reach.code_lines(text)
+            added = set(f.added) & code
+            for line in sorted(added):
+                u = index.unit_at(f.path, line)
+                if u is not None:
+                    per_unit.setdefault(u.key, (u, set(), code, []))[1].add(line)
+        if f.old_text and f.removed and f.old_path:
+            old = BridgeIndex(change.repo, sources={f.old_path: f.old_text})
+            code = plan_reach.code_lines(f.old_text)
+            for line in sorted(set(f.removed) & code):
+                u = old.unit_at(f.old_path, line)
+                if u is None:
+                    continue
+                ev = plan_reach.evidence(u, {line}, code)
+                now = index.unit(u.key if ":" in u.key else u.key)
+                if now is None:
+                    continue  # a removed function: its callers changed too
+                per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), []))[3].append(ev)
+    entries = plan_reach.verl_entries(index, surface, global_reach)
+    entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
+    for key, (unit, lines, code, old_evs) in per_unit.items():
+        ev = plan_reach.evidence(unit, lines, code)
+        # a name on both sides of an edited line did not change: only names added or removed count as code
+        for part in ("code", "guards"):
+            before = Counter(i for old_ev in old_evs for i in getattr(old_ev, part))
+            after = Counter(getattr(ev, part))
+            setattr(ev, part, list(((after - before) + (before - after)).elements()))
+        ev.subject += ev.guards
+        for old_ev in old_evs:
+            ev.subject += [w for w in old_ev.subject if w not in ev.subject]
+        tier = ("calls" if key in global_reach else
+                "none" if unit.module not in modules else
+                "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
+                and not _has_bridge_caller(index, unit) else "imports")
+        cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
+                         global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
+                         family=_family_folder(unit.file))
+        if tier == "calls" and unit.kind != "module":
+            if not entry_reach:
+                for e in entries:
+                    entry_reach[e.key] = (e, plan_reach.calls_from(index, e, modules))
+            hits = [(e, r) for e, r in entry_reach.values() if key in r]
+            cu.entries = [e.label for e, _ in hits]
+            # the direction of the nearest verl entry point that moves weights one way
+            directed = [(len(r.path(key)), _direction(e.label)) for e, r in hits if _direction(e.label)]
+            nearest = {d for n, d in directed if n == min(n for n, _ in directed)} if directed else set()
+            cu.export_only = nearest == {"export"}
+            if hits:  # the shortest path from one of verl's entry points
+                cu.path = min((r.path(key) for _, r in hits), key=len)
+        units[key] = cu
+    return Analysis(surface, sorted(units.values(), key=lambda u: (u.file, u.key)), modules)
+
+
+# ---------------------------------------------------------------- rules → levels
 
 
 @dataclass
@@ -198,6 +367,8 @@ class Reason:
     rule: str
     files: list[str]
     why: str
+    units: list[dict] = field(default_factory=list)  # the changed functions that fired it, with verl's path
+    optional: str | None = None
 
 
 @dataclass
@@ -208,11 +379,17 @@ class Entry:
     reasons: list[Reason] = field(default_factory=list)
     model: str | None = None  # proposed checkpoint for this entry
     dummy: dict | None = None  # the dummy-model path when no small public checkpoint exists
+    optional: str | None = None  # offered, not required: why
 
     @property
     def label(self) -> str:
         extra = f" --variant {self.variant}" if self.variant else f" --feature {self.feature}" if self.feature else ""
         return f"Level {self.level}{extra}"
+
+    @property
+    def key(self) -> str:
+        return f"L{self.level}" + ({"dense": "d", "moe": "m"}.get(self.variant or "", "")) + (
+            f":{self.feature}" if self.feature else "")
 
     @property
     def title(self) -> str:
@@ -224,10 +401,13 @@ class Entry:
             out["variant"] = self.variant
         if self.feature:
             out["feature"] = self.feature
-        out["reasons"] = [asdict(r) for r in self.reasons]
+        out["reasons"] = [{k: v for k, v in asdict(r).items() if v not in (None, [])} | {"files": r.files}
+                          for r in self.reasons]
         out["model"] = self.model
         if self.dummy:
             out["dummy"] = self.dummy
+        if self.optional:
+            out["optional"] = self.optional
         return out
 
 
@@ -239,6 +419,7 @@ class FamilyHit:
     moe_checkpoint: str | None
     note: str
     dummy: dict | None
+    vlm: bool = False
 
     def proposal(self) -> str:
         if self.checkpoint:
@@ -257,6 +438,8 @@ class Plan:
     docs_only: bool
     unmatched: list[str]
     notes: list[str]
+    units: list[ChangedUnit] = field(default_factory=list)
+    optional: list[Entry] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
@@ -265,91 +448,162 @@ class Plan:
             "files": [{"path": f.path, "status": f.status, "origins": f.origins} for f in self.change.files],
             "docs_only": self.docs_only, "message": self.message,
             "recommendation": [e.to_json() for e in self.entries],
+            "optional": [e.to_json() for e in self.optional],
+            "changed_units": [u.to_json() for u in self.units],
             "families": [asdict(h) for h in self.families], "unmatched_files": self.unmatched, "notes": self.notes,
         }
 
 
-def _family_of(path: str) -> Family | None:
-    if not path.startswith(plan_rules.MODELS):
+def family_for(path: str) -> Family | None:
+    folder = _family_folder(path)
+    if folder is None:
         return None
+    rest = path[len(plan_rules.MODELS) + len(folder) + 1:]
     for fam in plan_rules.FAMILIES:
-        if _matches(path, fam.paths):
+        if fam.folder == folder and any(rest.startswith(p) for p in fam.prefixes):
             return fam
-    rest = path[len(plan_rules.MODELS):]
-    if "/" not in rest or rest.split("/")[0] in plan_rules.GENERIC_MODEL_DIRS:
-        return plan_rules.GENERIC
-    name = rest.split("/")[0]
-    return Family(name, (), note=f"no small public checkpoint known for the new family {name!r}: use verl's "
-                  "dummy-model path with a minimal config of this architecture")
+    return Family(folder, folder, note=f"no small public checkpoint known for the family {folder!r}: use "
+                  "verl's dummy-model path with a minimal config of this architecture")
 
 
-def detect_families(files: list[ChangedFile]) -> list[FamilyHit]:
-    """Families touched, the most-touched first; generic provider code only when no family is."""
+def _architectures(path: Path) -> list[str]:
+    """HF architectures a bridge registers (`register_bridge(source="XForCausalLM", ...)`), for a dummy config."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "register_bridge":
+            for kw in n.keywords:
+                if kw.arg == "source":
+                    v = kw.value
+                    out.append(v.value if isinstance(v, ast.Constant) else getattr(v, "id", None) or
+                               getattr(v, "attr", None))
+    return [a for a in out if isinstance(a, str)]
+
+
+def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]:
+    """Provider families the change touches (verl-reached code first), the most-touched first."""
     by_name: dict[str, tuple[Family, list[str]]] = {}
-    for f in files:
-        if is_doc(f.path):
-            continue
-        fam = _family_of(f.path)
+    reached = {u.file for u in units if u.tier != "none"}
+    candidates = [f.path for f in change.files if f.path in reached] or [
+        f.path for f in change.files if _is_bridge_python(f.path)]
+    for path in candidates:
+        fam = family_for(path)
         if fam is not None:
-            by_name.setdefault(fam.name, (fam, []))[1].append(f.path)
+            by_name.setdefault(fam.name, (fam, []))[1].append(path)
     hits = []
     for fam, paths in sorted(by_name.values(), key=lambda x: -len(x[1])):
         dummy = None
         if not (fam.dense or fam.moe) or fam.representative:
+            archs = [a for p in paths for a in _architectures(Path(change.repo) / p)]
             dummy = {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
-                     "MODEL_ID": fam.representative or "<org>/<representative-model-name>",
-                     "minimal_config": {**({"model_type": fam.model_type} if fam.model_type else {}),
+                     "MODEL_ID": fam.representative or f"<org>/<smallest {fam.name} checkpoint>",
+                     "minimal_config": {**({"architectures": archs[:1]} if archs else {}),
                                         **plan_rules.MINIMAL_DUMMY_CONFIG}}
-        hits.append(FamilyHit(fam.name, paths, fam.dense or fam.moe, fam.moe, fam.note, dummy))
-    specific = [h for h in hits if h.family != plan_rules.GENERIC.name]
-    return specific or hits
+        hits.append(FamilyHit(fam.name, paths, fam.dense or fam.moe, fam.moe, fam.note, dummy, fam.vlm))
+    return hits
 
 
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
+    """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
     if primary is None:
-        return (plan_rules.DEFAULT_MOE if needs_moe else plan_rules.GENERIC.dense), None
+        if needs_moe:
+            return None, {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
+                          "MODEL_ID": "<org>/<a MoE checkpoint whose provider runs the changed code>",
+                          "minimal_config": dict(plan_rules.MINIMAL_DUMMY_CONFIG)}
+        return plan_rules.GENERIC_DENSE, None
     if needs_moe:
-        return primary.moe_checkpoint or plan_rules.DEFAULT_MOE, None
+        if primary.moe_checkpoint:
+            return primary.moe_checkpoint, None
+        return None, primary.dummy or {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
+                                       "MODEL_ID": f"<org>/<{primary.family} MoE checkpoint>",
+                                       "minimal_config": dict(plan_rules.MINIMAL_DUMMY_CONFIG)}
     if primary.checkpoint is None:
         return None, primary.dummy
     return primary.checkpoint, None
 
 
-def recommend(change: Change) -> Plan:
+def _fires(rule: Rule, u: ChangedUnit) -> list[str]:
+    """The identifiers by which a rule fires on a changed unit ([] = it does not)."""
+    if u.tier == "none" or not rule.topics and not rule.areas:
+        return []
+    if rule.within and not _fires(plan_rules.BY_NAME[rule.within], u):
+        return []
+    if rule.areas and u.tier in ("calls", "api") and _matches(u.file, rule.areas):
+        return [f"{u.file} ({rule.name} code)"]
+    hits = topic_hits(rule, list(u.words["subject"]))
+    if u.tier in ("calls", "api") and rule.evidence == "code":
+        hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
+    return hits
+
+
+def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     code = [f for f in change.files if not is_doc(f.path)]
-    families = detect_families(change.files)
     if not change.files:
-        return Plan(change, [], families, f"no change against {change.base} (merge-base {change.merge_base}): "
+        return Plan(change, [], [], f"no change against {change.base} (merge-base {change.merge_base}): "
                     "nothing to recommend", False, [], [])
     if not code:
-        return Plan(change, [], families, f"documentation-only change ({len(change.files)} file(s)): no verl "
+        return Plan(change, [], [], f"documentation-only change ({len(change.files)} file(s)): no verl "
                     "level is required; nothing recommended", True, [], [])
-    fired: dict[tuple[int, str | None, str | None], dict[str, list[str]]] = {}
-    matched: set[str] = set()
-    for rule in (r for r in plan_rules.RULES if not r.fallback):
-        for f in code:
-            if rule_fires(rule, f):
-                fired.setdefault((rule.level, rule.variant, rule.feature), {}).setdefault(rule.name, []).append(f.path)
-                matched.add(f.path)
-    for rule in (r for r in plan_rules.RULES if r.fallback):
-        for f in code:
-            if f.path not in matched and rule_fires(rule, f):
-                fired.setdefault((rule.level, rule.variant, rule.feature), {}).setdefault(rule.name, []).append(f.path)
-                matched.add(f.path)
-    unmatched = [f.path for f in code if f.path not in matched]
-    entries = [Entry(level, variant, feature,
-                     [Reason(name, files, plan_rules.BY_NAME[name].reason) for name, files in rules.items()])
-               for (level, variant, feature), rules in fired.items()]
-    if entries and not any(e.level == 0 for e in entries):
-        entries.append(Entry(0, reasons=[Reason("level-0-first", [], "every coverage starts at Level 0: the smoke "
-                                                "must pass before any other level means anything")]))
+    units = analysis.units if analysis else []
+    fired: dict[tuple, Entry] = {}
+
+    def add(rule: Rule, files: list[str], details: list[dict]) -> None:
+        key = (rule.level, rule.variant, rule.feature)
+        entry = fired.setdefault(key, Entry(rule.level, rule.variant, rule.feature))
+        reason = next((r for r in entry.reasons if r.rule == rule.name), None)
+        if reason is None:
+            reason = Reason(rule.name, [], rule.reason, optional=rule.optional)
+            entry.reasons.append(reason)
+        reason.files += [f for f in files if f not in reason.files]
+        reason.units += details
+
+    for u in units:
+        if u.tier in ("calls", "api"):
+            add(plan_rules.BY_NAME["verl-runs-it"], [u.file], [{**u.to_json(), "matched": []}])
+        for rule in plan_rules.RULES:
+            hits = _fires(rule, u)
+            if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
+                hits = hits or [f"run by verl's {', '.join(u.entries[:3])} and by none of its import entry points"]
+            if hits:
+                add(rule, [u.file], [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
+    for f in code:
+        if f.path == plan_rules.SUBMODULE:
+            add(plan_rules.BY_NAME["megatron-lm"], [f.path], [])
+        elif _matches(f.path, plan_rules.DEPENDENCY_FILES):
+            add(plan_rules.BY_NAME["dependencies"], [f.path], [])
+    for entry in fired.values():
+        required = [r for r in entry.reasons if not r.optional]
+        if not required:
+            entry.optional = "; ".join(r.optional for r in entry.reasons if r.optional)
+    required = [e for e in fired.values() if not e.optional]
+    if required and not any(e.level == 0 for e in required):
+        lvl0 = fired.setdefault((0, None, None), Entry(0))
+        lvl0.optional = None
+        lvl0.reasons.insert(0, Reason("level-0-first", [], plan_rules.BY_NAME["level-0-first"].reason))
     rule_order = {r.name: i for i, r in enumerate(plan_rules.RULES)}
-    entries.sort(key=lambda e: (e.level, min(rule_order.get(r.rule, -1) for r in e.reasons)))
+    ordered = sorted(fired.values(), key=lambda e: (e.level, e.variant or "", e.feature or "",
+                                                   min(rule_order.get(r.rule, -1) for r in e.reasons)))
+    entries = [e for e in ordered if not e.optional]
+    optional = [e for e in ordered if e.optional]
+    families = detect_families(change, units)
     primary = families[0] if families else None
-    for e in entries:
+    for e in entries + optional:
         e.model, e.dummy = _entry_model(e, primary)
+    matched_files = {f for e in ordered for r in e.reasons for f in r.files}
+    unmatched = [f.path for f in code if f.path not in matched_files]
     notes = []
+    outside = sorted({u.file for u in units if u.tier == "none"})
+    if outside:
+        notes.append("not on verl's path (verl never imports these; Bridge's own training loop, recipes or "
+                     f"scripts): {', '.join(outside)} — they justify no verl level. {plan_rules.BRIDGE_TESTS_HINT}")
+    bridge_own = [f.path for f in code if _matches(f.path, plan_rules.BRIDGE_OWN)]
+    if bridge_own:
+        notes.append(f"Bridge's own tests/CI/examples changed ({len(bridge_own)} file(s)): they never run in "
+                     "verl's process; run them with nox -s bridge_unit")
     if entries and not any(e.level == 3 for e in entries):
         notes.append(plan_rules.FSDP_ON_REQUEST)
     if entries:
@@ -357,9 +611,9 @@ def recommend(change: Change) -> Plan:
         message = (f"{len(entries)} level run(s) recommended for {len(code)} changed file(s)"
                    + (f" ({docs} documentation file(s) need none)" if docs else ""))
     else:
-        message = (f"no rule matched the {len(code)} changed file(s) (none on verl's path through Bridge): no "
-                   "level is required; nothing recommended")
-    return Plan(change, entries, families, message, False, unmatched, notes)
+        message = (f"no rule matched the {len(code)} changed file(s) on verl's path: no level is required; "
+                   "nothing recommended")
+    return Plan(change, entries, families, message, False, unmatched, notes, units, optional)
 
 
 # ---------------------------------------------------------------- showing the plan
@@ -376,6 +630,32 @@ def level_command(entry: Entry, passthrough: list[str], model: str | None) -> li
     return args + passthrough
 
 
+def _render_entry(e: Entry, passthrough: list[str], chosen_model: str | None) -> list[str]:
+    model = chosen_model or e.model
+    cmd = "invoke " + shlex.join(level_command(e, passthrough or [], model))
+    lines = [f"- {e.title}: {cmd}"]
+    if e.optional:
+        lines.append(f"    optional: {e.optional}")
+    lines.append(f"    required when: {plan_rules.REQUIRED_WHEN[e.level]}")
+    for r in e.reasons:
+        files = ", ".join(r.files) if r.files else "-"
+        lines.append(f"    [{r.rule}] {r.why}: {files}")
+        for u in r.units[:3]:
+            matched = f" — by {', '.join(u['matched'])}" if u.get("matched") else ""
+            lines.append(f"      {u['unit']} ({TIERS[u['tier']]}){matched}")
+            if u["path"]:
+                lines.append(f"        path: {' → '.join(u['path'][-5:])}")
+        if len(r.units) > 3:
+            lines.append(f"      ... and {len(r.units) - 3} more changed unit(s)")
+    moe_entry = (e.level, e.variant, e.feature) in ((2, "moe", None), (4, None, "moe"))
+    if chosen_model and moe_entry and e.model and e.model != chosen_model:
+        lines.append(f"    needs a MoE checkpoint: is {chosen_model} one? (proposed: {e.model})")
+    if e.dummy and not chosen_model:
+        lines.append(f"    no small public checkpoint: run with --dummy-config <minimal config JSON> "
+                     f"--model {e.dummy['MODEL_ID']}")
+    return lines
+
+
 def render_text(plan: Plan, passthrough: list[str] | None = None, chosen_model: str | None = None) -> str:
     ch = plan.change
     c = ch.counts()
@@ -390,22 +670,13 @@ def render_text(plan: Plan, passthrough: list[str] | None = None, chosen_model: 
                          "(validates construction and training mechanics, not pretrained weights)")
     lines += ["", plan.message[:1].upper() + plan.message[1:] + "."]
     if plan.entries:
-        lines.append("")
-        lines.append("Recommended levels:")
+        lines += ["", "Recommended levels:"]
     for e in plan.entries:
-        model = chosen_model or e.model
-        cmd = "invoke " + shlex.join(level_command(e, passthrough or [], model))
-        lines.append(f"- {e.title}: {cmd}")
-        lines.append(f"    required when: {plan_rules.REQUIRED_WHEN[e.level]}")
-        for r in e.reasons:
-            files = ", ".join(r.files) if r.files else "-"
-            lines.append(f"    [{r.rule}] {r.why}: {files}")
-        moe_entry = (e.level, e.variant, e.feature) in ((2, "moe", None), (4, None, "moe"))
-        if chosen_model and moe_entry and e.model and e.model != chosen_model:
-            lines.append(f"    needs a MoE checkpoint: is {chosen_model} one? (proposed: {e.model})")
-        if e.dummy and not chosen_model:
-            lines.append(f"    no small public checkpoint: run with --dummy-config <minimal config JSON> "
-                         f"--model {e.dummy['MODEL_ID']}")
+        lines += _render_entry(e, passthrough or [], chosen_model)
+    if plan.optional:
+        lines += ["", "Optional (arguable; not run by plan --run):"]
+    for e in plan.optional:
+        lines += _render_entry(e, passthrough or [], chosen_model)
     for n in plan.notes:
         lines += ["", n]
     if plan.unmatched:
@@ -413,7 +684,6 @@ def render_text(plan: Plan, passthrough: list[str] | None = None, chosen_model: 
     if plan.entries:
         lines += ["", "Run them in order (stops at the first level that is not Pass): invoke plan --run"]
     return "\n".join(lines) + "\n"
-
 
 # ---------------------------------------------------------------- running the plan
 
@@ -634,7 +904,11 @@ def plan_command(c: Any, flags: dict[str, Any], base: str | None = None, run: bo
         remainder = shlex.split(getattr(c, "remainder", "") or "")
     except ValueError as e:
         raise UsageError(f"cannot parse the overrides after --: {e}") from None
-    plan = recommend(read_change(settings.bridge_repo, base))
+    if settings.verl_repo is None:
+        raise UsageError("VERL_REPO is not set (--verl-repo or VERL_REPO): the plan reads which Bridge names verl "
+                         "uses from the verl checkout")
+    change = read_change(settings.bridge_repo, base)
+    plan = recommend(change, analyse(change, settings.verl_repo))
     passthrough = passthrough_args(flags)
     # The user's model (flag, env, invoke.yaml, or a local MODEL_PATH) wins; else each level gets its proposal.
     user_model = settings.model_id if (settings.source("model_id") != "default"

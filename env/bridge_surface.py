@@ -1,0 +1,87 @@
+"""verl's surface of Megatron-Bridge, read from a verl checkout with `ast`: the `megatron.bridge` names verl imports
+(where, and whether the import is lazy inside a function) and the attribute names verl's code uses (the methods it
+may call on the Bridge objects it builds: `bridge.export_hf_weights(...)`, `provider.finalize()`).
+
+Only verl's own package and its scripts count; its tests do not run in a user's RL job. Nothing is imported or run.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BRIDGE_PACKAGE = "megatron.bridge"
+SKIPPED_DIRS = {"tests", "test", "docs", ".git", "__pycache__", "build", "dist", ".venv", "venv"}
+
+
+@dataclass(frozen=True)
+class SurfaceName:
+    """One `megatron.bridge` name verl imports: `module` (dotted) and `name` (None for `import module`)."""
+
+    module: str
+    name: str | None
+    file: str  # verl-relative path
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}" if self.name else self.module
+
+
+@dataclass
+class VerlSurface:
+    repo: str
+    imports: list[SurfaceName] = field(default_factory=list)
+    attributes: dict[str, str] = field(default_factory=dict)  # attribute name → first verl file:line using it
+
+    def modules(self) -> set[str]:
+        return {s.module for s in self.imports}
+
+
+class SurfaceError(Exception):
+    """The verl checkout cannot tell which Bridge names verl uses."""
+
+
+def _python_files(root: Path):
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if any(part in SKIPPED_DIRS or part.startswith(".") for part in rel.parts[:-1]):
+            continue
+        yield path, rel.as_posix()
+
+
+def read_surface(verl_repo: Path | str) -> VerlSurface:
+    """Every `megatron.bridge` import in verl (package and scripts, not tests) and every attribute name verl uses."""
+    root = Path(verl_repo)
+    if not root.is_dir():
+        raise SurfaceError(f"verl checkout {root} does not exist")
+    surface = VerlSurface(str(root))
+    for path, rel in _python_files(root):
+        try:
+            tree = ast.parse(path.read_bytes(), filename=rel)
+        except (SyntaxError, ValueError, OSError):
+            continue  # a file verl itself could not import either
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
+                    node.module == BRIDGE_PACKAGE or node.module.startswith(BRIDGE_PACKAGE + ".")):
+                for alias in node.names:
+                    surface.imports.append(SurfaceName(node.module, alias.name, rel, node.lineno))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == BRIDGE_PACKAGE or alias.name.startswith(BRIDGE_PACKAGE + "."):
+                        surface.imports.append(SurfaceName(alias.name, None, rel, node.lineno))
+            elif isinstance(node, ast.Attribute):
+                surface.attributes.setdefault(node.attr, f"{rel}:{node.lineno}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                  and isinstance(node.args[1].value, str)):
+                surface.attributes.setdefault(node.args[1].value, f"{rel}:{node.lineno}")
+    if not surface.imports:
+        raise SurfaceError(f"verl checkout {root} imports nothing from {BRIDGE_PACKAGE}: it cannot tell what verl "
+                           "reaches (is it a verl checkout with the Megatron-Bridge backend?)")
+    return surface
