@@ -204,7 +204,8 @@ def slurm_logs(c, job, log_dir=None, follow=False):
         "json": "print the recommendation (or, with --run, the combined summary) as JSON",
         "dry_run": "with --run: show each level's exact environment and command (its own --dry-run); run nothing",
         "bridge_repo": "Megatron-Bridge checkout whose change is planned (BRIDGE_REPO)",
-        "verl_repo": "verl checkout, passed to each level (VERL_REPO)",
+        "verl_repo": "verl checkout: the plan reads the Bridge names verl imports and calls; passed to each level "
+                     "(VERL_REPO)",
         "log_dir": "where the plan and level run directories go (LOG_DIR)",
         "num_gpus": "GPUs for the runs, passed to each level (NUM_GPUS)",
         "model_path": "local HF checkpoint, passed to each level (MODEL_PATH)",
@@ -223,8 +224,10 @@ def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_
          allow_missing=False, no_reward_model=False, enforce_eager=False, dummy_config=None, verbose=False):
     """Recommend the coverage levels the Bridge change justifies (with the rule and files behind each); --run runs them.
 
-    The change: committed since the merge-base with --base, plus uncommitted and untracked files. Also names the
-    provider family touched and its smallest public checkpoint (or the dummy-model path). Extra Hydra overrides
+    The change: committed since the merge-base with --base, plus uncommitted and untracked files. A level counts
+    only for changed Bridge code verl reaches (read from the verl checkout), each with its rule, changed function
+    and path from verl. Also names the provider family touched and its smallest public checkpoint (or the
+    dummy-model path). Extra Hydra overrides
     after `--` go to every level. With --run, exit 0 Pass, 1 Fail, 3 Blocked (the combined result).
     """
     from sessions.plan import plan_command

@@ -292,6 +292,8 @@ def _has_bridge_caller(index: BridgeIndex, unit: Unit) -> bool:
 
 def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     """Changed functions/classes of Bridge's source, each with whether and how verl reaches it."""
+    if not any(_is_bridge_python(f.path) for f in change.files):
+        return Analysis(VerlSurface(str(verl_repo)), [], set())  # no Bridge source changed: nothing to reach
     try:
         surface = read_surface(verl_repo)
     except SurfaceError as e:

@@ -1,0 +1,245 @@
+"""The planner's rules, one fixture history each (tests/plan_fixtures.py: a Bridge-shaped tree and a verl-shaped
+checkout that uses it). Every expectation is a literal level list; each case would come out differently if the
+planner read diff text, file names or words instead of what verl reaches and what the changed code does.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from sessions.plan import analyse, read_change, recommend
+from tests.plan_fixtures import BRIDGE_BASE, B, bridge_history, edit, verl_checkout
+
+
+def plan_for(tmp_path, change, verl_files=None, base=None):
+    bridge = bridge_history(tmp_path, change, base)
+    verl = verl_checkout(tmp_path, verl_files)
+    ch = read_change(bridge, "main")
+    return recommend(ch, analyse(ch, verl))
+
+
+def levels(plan) -> list[str]:
+    return [e.key for e in plan.entries]
+
+
+def reason_units(plan, rule: str) -> list[dict]:
+    return [u for e in plan.entries for r in e.reasons if r.rule == rule for u in r.units]
+
+
+QWEN = B + "models/qwen/qwen3_bridge.py"
+OLMOE = B + "models/olmoe/olmoe_bridge.py"
+GPT = B + "models/gpt_provider.py"
+MAPPING = B + "models/conversion/param_mapping.py"
+AUTO = B + "models/conversion/auto_bridge.py"
+LORA = B + "peft/lora.py"
+CKPT = B + "training/checkpointing.py"
+
+QWEN_PROVIDER = "provider.hidden_size = hf_config.hidden_size"
+
+
+def qwen_provider_adds(line: str) -> dict:
+    return edit(QWEN, QWEN_PROVIDER, f"{QWEN_PROVIDER}\n{line}")
+
+
+def provide_guarded(test: str) -> dict:
+    return edit(GPT, "return self.build()", f"if {test}:\n    self.build()\nreturn self.build()")
+
+
+CASES = {
+    # Level 0: a family's bridge verl builds its provider through (registry → AutoBridge.to_megatron_provider)
+    "verl-runs-it": (qwen_provider_adds("provider.rope_theta = hf_config.rope_theta"), ["L0"]),
+    # Bridge's own training loop: verl never imports it
+    "not-on-verl-path": (edit(B + "training/train.py", "model.step()", "model.step(step)"), []),
+    # Level 1
+    "peft": (edit(LORA, "return module", "module.lora_dim = self.dim\nreturn module"), ["L0", "L1"]),
+    "checkpointing": (edit(CKPT, 'return _write({"model": model}, path)',
+                           'return _write({"model": model, "rng": None}, path)'), ["L0", "L1"]),
+    "hf-export": (edit(MAPPING, "return [weights]", "return list([weights])"), ["L0", "L1", "L2d"]),
+    # Level 2
+    "provider-finalization": (edit(GPT, "self.ready = True", "self.ready = bool(self)"), ["L0", "L2d"]),
+    "mpu-derived": (provide_guarded("parallel_state.is_last_rank()"), ["L0", "L2d"]),
+    "tp-pp-cp": (provide_guarded("self.sequence_parallel"), ["L0", "L2d"]),
+    "expert-parallel": (edit(MAPPING, "return [weights][:1]", "return list([weights])[:1]"),
+                        ["L0", "L1", "L2m", "L4:moe"]),
+    "dispatcher": (edit(B + "training/flex_dispatcher_backend.py", "return False",
+                        'model_config.moe_token_dispatcher_type = "alltoall"\nreturn False'), ["L0", "L2m"]),
+    # Level 3: only by the condition the change runs under (the string it compares with counts)
+    "megatron-fsdp": (edit(CKPT, "return _write({}, path)", 'return _write({"optimizer": None}, path)'),
+                      ["L0", "L1", "L3"]),
+    # Level 4: what the changed code involves
+    "vlm": (edit(QWEN, "return [AutoMapping()]", "vision_mappings = [AutoMapping()]\n"
+                 "return [AutoMapping()] + vision_mappings"), ["L0", "L4:vlm"]),
+    "moe": (edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                 "provider.num_moe_experts = hf_config.num_experts\n"
+                 "provider.moe_router_topk = hf_config.num_experts_per_tok"), ["L0", "L4:moe"]),
+    "mtp": (qwen_provider_adds("provider.mtp_num_layers = hf_config.num_nextn_predict_layers"), ["L0", "L4:mtp"]),
+    "qat-modelopt": (qwen_provider_adds("provider.restore_modelopt_state = hf_config.restore"), ["L0", "L4:qat"]),
+    "quantized-weights": (edit(AUTO, "return list(self._model_bridge.stream_weights_megatron_to_hf(model))",
+                               "quant_cfg = self.quantization_config\n"
+                               "return list(self._model_bridge.stream_weights_megatron_to_hf(model, quant_cfg))"),
+                          ["L0", "L1", "L4:quantized"]),
+    "scheduler": (provide_guarded("self.lr_scheduler"), ["L0", "L5"]),
+    "loss": (provide_guarded("self.calculate_per_token_loss"), ["L0", "L5"]),
+    "reward": (provide_guarded("self.reward_head"), ["L0", "L5"]),
+    "peft-trainability": (edit(LORA, "return module", "if self.trainable_only:\n    module.frozen = True\n"
+                               "return module"), ["L0", "L1", "L5"]),
+    "gradient-flow": (provide_guarded("self.gradient_accumulation_fusion"), ["L0", "L5"]),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_on_its_fixture_history(tmp_path, rule):
+    change, expected = CASES[rule]
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == expected, [(e.key, [(r.rule, [u["unit"] for u in r.units]) for r in e.reasons])
+                                      for e in plan.entries]
+    if rule in {r.rule for e in plan.entries for r in e.reasons}:
+        assert reason_units(plan, rule), "every recommendation names the changed unit"
+
+
+def test_custom_layer_spec_in_a_new_module(tmp_path):
+    # a new module the family bridge imports lazily: its layer spec is new code verl's provider build reaches
+    spec = "def qwen3_layer_spec(config):\n    return config\n"
+    change = edit(QWEN, "provider = GPTModelProvider()", "from megatron.bridge.models.qwen.qwen3_spec import "
+                  "qwen3_layer_spec\n\nprovider = GPTModelProvider()\n"
+                  "provider.transformer_layer_spec = qwen3_layer_spec")
+    change[B + "models/qwen/qwen3_spec.py"] = spec
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    unit = reason_units(plan, "custom-layer")[0]
+    assert unit["unit"] == "qwen3_layer_spec" and unit["tier"] == "calls" and unit["new"] is True
+    assert "Qwen3Bridge.provider_bridge" in " ".join(unit["path"])
+
+
+def test_new_public_api_verl_can_call_counts_its_signature(tmp_path):
+    # LoRA+-style: a new public function nothing in Bridge calls yet, in a module verl imports (through the PEFT
+    # registry's lazy import table): its signature says optimizer → Level 5; PEFT package → Level 1
+    lora = textwrap.dedent(BRIDGE_BASE[LORA]).lstrip("\n")
+    change = {LORA: "from megatron.core.optimizer import OptimizerConfig\n\n\n"
+              "def lora_plus_overrides(config: OptimizerConfig, ratio: float) -> dict:\n"
+              "    return {'lr': config.lr * ratio}\n\n\n" + lora}
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L1", "L5"]
+    unit = reason_units(plan, "optimizer")[0]
+    assert unit["unit"] == "lora_plus_overrides" and unit["tier"] == "api"
+    assert unit["matched"] == ["OptimizerConfig"]
+
+
+def test_internal_function_counts_by_what_it_is_about_only(tmp_path):
+    # a new validator only Bridge's own ConfigContainer calls: its body names TP and MoE sizes and losses, but it
+    # is about FSDP, and verl never calls it
+    change = edit(B + "training/config.py", "def validate(self):\n    validate_flex_dispatcher_backend(self.model)",
+                  "def validate(self):\n    validate_flex_dispatcher_backend(self.model)\n"
+                  "    self._validate_megatron_fsdp_v2()\n\n"
+                  "def _validate_megatron_fsdp_v2(self):\n"
+                  "    if self.model.tensor_model_parallel_size != 1 or self.model.num_moe_experts:\n"
+                  "        raise ValueError('DP only')\n"
+                  "    if self.model.calculate_per_token_loss:\n"
+                  "        raise ValueError('no per-token loss')")
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L3"]
+    assert reason_units(plan, "megatron-fsdp")[0]["tier"] == "imports"
+
+
+def test_pass_through_names_never_count(tmp_path):
+    handed_on = edit(AUTO, "self._model_bridge.load_weights_hf_to_megatron(model, weights)",
+                     "self._model_bridge.load_weights_hf_to_megatron(model, weights, fsdp_mode=self.fsdp_mode)")
+    assert levels(plan_for(tmp_path / "a", handed_on)) == ["L0"]
+    used = edit(AUTO, "self._model_bridge.load_weights_hf_to_megatron(model, weights)",
+                "self._model_bridge.load_weights_hf_to_megatron(model, weights, mode=self.megatron_fsdp)")
+    assert levels(plan_for(tmp_path / "b", used)) == ["L0", "L3"]
+
+
+def test_a_feature_switched_off_does_not_involve_it(tmp_path):
+    assert levels(plan_for(tmp_path / "a", qwen_provider_adds("provider.mtp_num_layers = None"))) == ["L0"]
+    # words split at snake/camel case, case-insensitively: MTP_CONFIG_FIELDS is MTP
+    fields = qwen_provider_adds("provider.extra = MTP_CONFIG_FIELDS")
+    fields[QWEN] = "MTP_CONFIG_FIELDS = ('num_nextn_predict_layers',)\n" + fields[QWEN]
+    assert levels(plan_for(tmp_path / "b", fields)) == ["L0", "L4:mtp"]
+
+
+def test_hunk_header_comments_and_docstrings_never_count(tmp_path):
+    # -U0 hunk header of this change is `from megatron.core import parallel_state`; the new line names nothing
+    after_import = edit(GPT, "from megatron.core import parallel_state",
+                        "from megatron.core import parallel_state\n\n_DEFAULT_HIDDEN = 8")
+    assert levels(plan_for(tmp_path / "a", after_import)) == ["L0"]
+    prose = edit(QWEN, "def mapping_registry(self):",
+                 'def mapping_registry(self):\n    """Expert-parallel MoE mapping (tensor_model_parallel)."""\n'
+                 "    # fsdp, lora, checkpoint: only words")
+    plan = plan_for(tmp_path / "b", prose)
+    assert levels(plan) == [] and plan.message.startswith("no rule matched")
+
+
+def test_bridge_training_loop_points_at_bridge_tests(tmp_path):
+    plan = plan_for(tmp_path, edit(B + "training/train.py", "model.step()", "model.step(step)"))
+    assert plan.entries == [] and plan.optional == []
+    assert plan.notes[0] == ("not on verl's path (verl never imports these; Bridge's own training loop, recipes or "
+                             "scripts): src/megatron/bridge/training/train.py — they justify no verl level. Bridge's "
+                             "own tests cover it: nox -s bridge_unit -- <the tests of the changed module, e.g. "
+                             "tests/unit_tests/training/...>")
+
+
+def test_dependencies_are_optional_level0_with_the_reason(tmp_path):
+    plan = plan_for(tmp_path, {"pyproject.toml": "[project]\nname = 'megatron-bridge'\nversion = '2'\n"})
+    assert levels(plan) == []
+    assert [(e.key, e.optional) for e in plan.optional] == [
+        ("L0", "verl's image provides its own packages; Level 0 shows whether the change matters there")]
+
+
+def test_moe_change_of_a_family_runs_on_that_familys_moe_checkpoint(tmp_path):
+    change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_router_topk = 2")
+    plan = plan_for(tmp_path, change)
+    assert [(e.key, e.model) for e in plan.entries] == [("L0", "allenai/OLMoE-1B-7B-0924"),
+                                                        ("L4:moe", "allenai/OLMoE-1B-7B-0924")]
+
+
+def test_new_moe_family_gets_its_own_dummy_path_never_another_familys_model(tmp_path):
+    new = B + "models/hyv9/hyv9_bridge.py"
+    change = {
+        new: "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+             "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+             "@MegatronModelBridge.register_bridge(source='HYV9ForCausalLM')\n"
+             "class HYV9Bridge(MegatronModelBridge):\n"
+             "    def provider_bridge(self, hf_config):\n"
+             "        provider = GPTModelProvider()\n"
+             "        provider.num_moe_experts = hf_config.num_experts\n"
+             "        return provider\n",
+        B + "models/hyv9/__init__.py": "",
+        **edit(B + "models/__init__.py", "from megatron.bridge.models.olmoe.olmoe_bridge import OlmoeBridge",
+               "from megatron.bridge.models.olmoe.olmoe_bridge import OlmoeBridge\n"
+               "from megatron.bridge.models.hyv9.hyv9_bridge import HYV9Bridge"),
+    }
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L4:moe"]
+    assert [h.family for h in plan.families] == ["hyv9"]
+    for e in plan.entries:
+        assert e.model is None
+        assert e.dummy["MODEL_ID"] == "<org>/<smallest hyv9 checkpoint>"
+        assert e.dummy["minimal_config"]["architectures"] == ["HYV9ForCausalLM"]
+
+
+def test_family_generation_layout_finds_its_checkpoint(tmp_path):
+    # models/exaone/exaone4_bridge.py (a generation as a file prefix, not a folder) is EXAONE 4.0
+    base = {B + "models/exaone/__init__.py": "", B + "models/exaone/exaone4_bridge.py":
+            "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n\n\n"
+            "@MegatronModelBridge.register_bridge(source='Exaone4ForCausalLM')\n"
+            "class Exaone4Bridge(MegatronModelBridge):\n"
+            "    def provider_bridge(self, hf_config):\n        return hf_config\n"}
+    full = {**BRIDGE_BASE, **base}
+    full[B + "models/__init__.py"] = (textwrap.dedent(full[B + "models/__init__.py"]) +
+                                      "from megatron.bridge.models.exaone.exaone4_bridge import Exaone4Bridge\n")
+    change = {B + "models/exaone/exaone4_bridge.py": base[B + "models/exaone/exaone4_bridge.py"].replace(
+        "return hf_config", "hf_config.sliding_window = 4\n        return hf_config")}
+    plan = plan_for(tmp_path, change, base=full)
+    assert [(e.key, e.model) for e in plan.entries] == [("L0", "LGAI-EXAONE/EXAONE-4.0-1.2B")]
+
+
+def test_verl_checkout_without_bridge_imports_is_a_usage_error(tmp_path):
+    from env.settings import UsageError
+    bridge = bridge_history(tmp_path, qwen_provider_adds("provider.x = 1"))
+    verl = verl_checkout(tmp_path, {"verl/__init__.py": "import torch\n"})
+    with pytest.raises(UsageError, match="imports nothing from megatron.bridge"):
+        analyse(read_change(bridge, "main"), verl)
