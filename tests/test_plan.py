@@ -168,8 +168,7 @@ def test_run_stops_at_failing_level0_and_skips_the_rest(workspace):
 
 
 def test_keep_going_runs_every_level(workspace):
-    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA",
-               "from megatron.bridge.models.model_provider import finalize")
+    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA")
     _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})
     proc = workspace.invoke("plan", "--run", "--keep-going", "--skip-bridge-checks", "--json",
                             env={"FIXTURE_FAIL": "provider"})
@@ -180,20 +179,19 @@ def test_keep_going_runs_every_level(workspace):
 
 
 def test_run_dry_run_runs_nothing(workspace):
-    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA",
-               "from megatron.bridge.models.model_provider import finalize")
+    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA")
     _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})
     proc = workspace.invoke("plan", "--run", "--dry-run", "--skip-bridge-checks")
     assert proc.returncode == 0, proc.stderr
     assert "invoke level0 --skip-bridge-checks --dry-run" in proc.stdout
     assert "invoke level1 --skip-bridge-checks --dry-run" in proc.stdout
     assert "SAVE_FREQ=1" in proc.stdout  # level 1's own dry-run printed its environment
-    assert not workspace.log_dir.exists() or list(workspace.log_dir.iterdir()) == []
+    # no run directory (preflight's probe cache, a dotfile, may be there)
+    assert not workspace.log_dir.exists() or [p for p in workspace.log_dir.iterdir() if not p.name.startswith(".")] == []
 
 
 def test_run_passes_when_every_level_passes(workspace):
-    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA",
-               "from megatron.bridge.models.model_provider import finalize")
+    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA")
     _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})
     proc = workspace.invoke("plan", "--run", "--skip-bridge-checks", "--no-reward-model")
     plan_dir = next(workspace.log_dir.glob("*-plan-*"))
