@@ -100,11 +100,11 @@ def remote(c, host, remote_root=None, bridge_path=None, verl_path=None, tool_pat
     Usage: invoke remote --host gpu01 level1 --model ORG/NAME [-- hydra overrides]. Streams the output, exits
     with the task's code (3 when the host cannot be reached), and copies the run directory into the local LOG_DIR.
     """
-    from env.cli import forwarded_args
+    from env.cli import forwarded_args, task_remainder
     from env.remote import remote_task
 
     return remote_task(
-        host=host, forwarded=forwarded_args("remote"), remainder=c.remainder, remote_root=remote_root,
+        host=host, forwarded=forwarded_args("remote"), remainder=task_remainder(c), remote_root=remote_root,
         bridge_path=bridge_path, verl_path=verl_path, tool_path=tool_path, sync_only=sync_only, force=force,
         checkout=checkout, dry_run=dry_run, ssh_config=ssh_config, remote_python=remote_python,
     )
@@ -136,12 +136,13 @@ def slurm(c, image=None, partition=None, gpus=None, cpus=None, time=None, srun_a
     """
     import shlex
 
-    from env.cli import forwarded_args
+    from env.cli import forwarded_args, task_remainder
     from env.settings import UsageError
     from env.slurm import SlurmOptions, slurm_command
 
     try:
-        task_line = forwarded_args("slurm") + (["--", *shlex.split(c.remainder)] if c.remainder else [])
+        remainder = task_remainder(c)
+        task_line = forwarded_args("slurm") + (["--", *shlex.split(remainder)] if remainder else [])
         numbers = {k: None if v is None else int(v) for k, v in (("gpus", gpus), ("cpus", cpus))}
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from None
@@ -271,7 +272,7 @@ def bisect(c, good=None, bad=None, repo="bridge", max_steps=None, on=None, stash
 
 @task(
     help={
-        "local_dataset_path": "local copy of openai/gsm8k (GSM8K_SOURCE_DIR); used only if it exists, else the hub",
+        "local_dataset_path": "local copy of openai/gsm8k (must exist; GSM8K_SOURCE_DIR: used if it exists, else the hub)",
         "out": "output folder for train.parquet / test.parquet (GSM8K_DIR, default ~/data/gsm8k)",
         "verl_repo": "verl checkout whose examples/data_preprocess/gsm8k.py runs (VERL_REPO)",
         "python": "Python that runs verl's script (VERL_PYTHON; default python3)",

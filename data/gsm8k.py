@@ -137,6 +137,10 @@ def prep_data_command(c, flags: dict, dry_run: bool = False) -> int:
         raise UsageError("VERL_REPO is not set (--verl-repo or VERL_REPO): prep-data runs verl's own script")
     if not Path(settings.verl_repo).is_dir():
         raise UsageError(f"VERL_REPO {settings.verl_repo} does not exist")
+    source = settings.gsm8k_source
+    if source is not None and settings.source("gsm8k_source") == "flag" and not Path(source).exists():
+        # a path typed on the command line is meant: no silent hub download (GSM8K_SOURCE_DIR may point ahead)
+        raise UsageError(f"--local-dataset-path {source} does not exist")
 
     def say(msg: str) -> None:
         stream = sys.stderr if msg.startswith("error: ") else sys.stdout

@@ -47,6 +47,35 @@ class DownloadPlan:
     hub_cache: Path
 
 
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_GLOBS = ("*.safetensors", "pytorch_model*.bin")
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why `path` is not a downloaded HF checkpoint (config.json and every weight file), None when it is.
+
+    The one answer for `download-model`, the level preflight and `--download`: a folder with config.json but no
+    weights (or with shards missing from its index) is an interrupted or partial download, not a model.
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        return "no config.json"
+    for index in WEIGHT_INDEXES:
+        try:
+            shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            return f"unreadable {index}: not downloaded completely"
+        missing = [f for f in shards if not (path / f).is_file()]
+        if missing:
+            return f"{len(missing)} of {len(shards)} weight files named in {index} missing (e.g. {missing[0]})"
+        return None
+    if any(next(path.glob(pattern), None) for pattern in WEIGHT_GLOBS):
+        return None
+    return "config.json but no weights (*.safetensors, pytorch_model*.bin): not downloaded yet"
+
+
 def scratch_root(settings: Resolved) -> Path:
     """--scratch / SCRATCH_DIR, else next to HF_HOME, else ~/models (the wrapper's default MODEL_PATH root)."""
     if settings.scratch:
@@ -148,7 +177,7 @@ def download(p: DownloadPlan, echo=print) -> Path:
     except BaseException as e:
         marker = _read_marker(p.local_dir)
         err = _translate(e, p, endpoint)
-        if err.code == 1 and marker and marker.get("repo_id") == p.repo_id and (p.local_dir / "config.json").is_file():
+        if err.code == 1 and marker and marker.get("repo_id") == p.repo_id and checkpoint_problem(p.local_dir) is None:
             echo(f"{endpoint} unreachable; keeping the complete earlier download of {p.repo_id} "
                  f"(commit {marker.get('commit')}) in {p.local_dir}")
             return p.local_dir
@@ -216,7 +245,7 @@ def download_command(settings: Resolved, model: str | None, reward_model: bool, 
 def check_download_model(ctx: RunContext) -> Iterable[Check]:
     """`--download` on a level: fetch the model into MODEL_PATH when it is absent (after `check_model`)."""
     path = ctx.model_path
-    if not ctx.download or path is None or (path / "config.json").is_file():
+    if not ctx.download or path is None or checkpoint_problem(path) is None:
         return
     if not ctx.probe or ctx.dry_run:
         yield Check("model download", SKIPPED, f"dry-run: would download {ctx.settings.model_id} to {path}")

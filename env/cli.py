@@ -21,11 +21,23 @@ EXIT_BY_RESULT = {"Pass": EXIT_PASS, "Fail": EXIT_FAIL, "Blocked": EXIT_BLOCKED}
 # line, not a second local task.
 FORWARDING_TASKS = ("remote", "slurm", "bisect")
 _forwarded: dict[str, list[str]] = {}
+_parsed_remainder: list[str] = []  # [text] once invoke has parsed the command line (see install_parse_error_exit_code)
 
 
 def forwarded_args(task_name: str) -> list[str]:
     """The task line given after a forwarding task's own flags (empty when none)."""
     return list(_forwarded.get(task_name, []))
+
+
+def task_remainder(c: Any) -> str:
+    """The text after a standalone `--` (Hydra overrides), space-joined as invoke hands it over.
+
+    `c.remainder` exists only from invoke 3; pip resolves invoke 2.2 (fabric 3.2.3 caps invoke < 3). Both versions
+    keep it on the core parse result (`Program.core.remainder`), which our parse hook records.
+    """
+    if _parsed_remainder:
+        return _parsed_remainder[0]
+    return getattr(c, "remainder", "") or ""
 
 
 def split_forwarded(tokens: list[str], value_flags: dict[str, set[str]]) -> tuple[list[str], dict[str, list[str]]]:
@@ -70,6 +82,7 @@ def install_parse_error_exit_code() -> None:
         self.core.unparsed, found = split_forwarded(list(self.core.unparsed), value_flags)
         _forwarded.clear()
         _forwarded.update(found)
+        _parsed_remainder[:] = [getattr(self.core, "remainder", "") or ""]
         try:
             original(self)
         except ParseError as e:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from data.gsm8k import validate_parquet
-from data.models import check_download_model
+from data.models import check_download_model, checkpoint_problem
 from env import presets, probe_cache
 from env.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, RunContext
 from env.gpus import detect_gpus
@@ -253,12 +253,14 @@ def check_model(ctx: RunContext) -> Iterable[Check]:
         ctx.limitations.append("dummy model (random weights): validates model construction and training "
                                "mechanics, not pretrained-weight compatibility")
         yield Check("dummy model config", OK, str(ctx.dummy_config))
-    if (path / "config.json").is_file():
+    # a dummy model takes its weights from --dummy-config: config.json (and the tokenizer) is all it needs here
+    problem = None if ctx.dummy_config is not None and (path / "config.json").is_file() else checkpoint_problem(path)
+    if problem is None:
         yield Check("model", OK, f"{path} (MODEL_PATH {s.source('model_path')})")
     elif ctx.download:
-        yield Check("model", WARN, f"{path} missing: will be downloaded (--download)")
+        yield Check("model", WARN, f"{path}: {problem}: will be downloaded (--download)")
     else:
-        yield Check("model", BLOCKED, f"no HF checkpoint at {path} (no config.json)",
+        yield Check("model", BLOCKED, f"no HF checkpoint at {path} ({problem})",
                     f"invoke download-model --model {s.model_id} (or --download, or set MODEL_PATH)", "data")
 
 
@@ -278,11 +280,11 @@ def check_reward_model(ctx: RunContext) -> Iterable[Check]:
     off = reward_model_off_override(Path(ctx.verl.path))
     if ctx.no_reward_model:
         reason = "--no-reward-model"
-    elif rm is not None and (Path(rm) / "config.json").is_file():
+    elif rm is not None and (rm_problem := checkpoint_problem(Path(rm))) is None:
         yield Check("reward model", OK, str(rm))
         return
     else:
-        reason = f"no reward model at {rm}"
+        reason = f"no reward model at {rm}" + (f" ({rm_problem})" if rm is not None else "")
     ctx.overrides.append(off)
     ctx.limitations.append(f"reward model disabled ({reason}): GSM8K rule reward used; reward-model serving not tested")
     yield Check("reward model", WARN, f"{reason}: the run appends {off}")

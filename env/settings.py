@@ -6,6 +6,7 @@ came from, so reports can say "MODEL_PATH (from env)" and dry-runs can show why 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ class Setting:
     default: Any
     help: str
     kind: str = "str"  # str | path | int | float | bool
+    minimum: float | None = None  # int/float settings: smallest accepted value
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -42,9 +44,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gsm8k_source", "GSM8K_SOURCE_DIR", None, "local raw copy of openai/gsm8k (used only if it exists)", "path"),
     # verl's stable vLLM image (docker/README.md of verl-project/verl, 2026-03: vllm==0.17.0); a moving tag
     Setting("verl_image", "VERL_IMAGE", "verlai/verl:vllm017.latest", "verl container image (vLLM flavour)"),
-    Setting("num_gpus", "NUM_GPUS", None, "GPUs for the run (default: detected)", "int"),
+    Setting("num_gpus", "NUM_GPUS", None, "GPUs for the run (default: detected)", "int", minimum=0),
     Setting("ray_address", "RAY_ADDRESS", None, "attach to this Ray cluster instead of a throwaway one"),
-    Setting("stall_timeout", "STALL_TIMEOUT_MIN", 30.0, "minutes without output while running before it is stopped", "float"),
+    Setting("stall_timeout", "STALL_TIMEOUT_MIN", 30.0,
+            "minutes without output while running before it is stopped (0: never)", "float", minimum=0),
     Setting("modelopt_index_url", "MODELOPT_INDEX_URL", "https://pypi.nvidia.com", "extra index for nvidia-modelopt"),
     Setting("python", "VERL_PYTHON", None, "Python that runs verl (default: python3 on PATH)", "path"),
     Setting("ray_probe", "VERL_E2E_RAY_PROBE", True,
@@ -79,20 +82,34 @@ class Resolved:
         return out
 
 
-def _convert(setting: Setting, raw: Any) -> Any:
+def _label(setting: Setting, source: str) -> str:
+    """How the user gave it: `--stall-timeout` for a flag, STALL_TIMEOUT_MIN from the environment, else the key."""
+    if source == "flag":
+        return f"--{setting.name.replace('_', '-')}"
+    return setting.env if source == "env" and setting.env else setting.name
+
+
+def _number(setting: Setting, raw: Any, source: str) -> int | float:
+    value = int(raw) if setting.kind == "int" else float(raw)
+    if math.isnan(value):  # no order, no meaning
+        raise ValueError(raw)
+    if setting.minimum is not None and not value >= setting.minimum:
+        raise UsageError(f"{_label(setting, source)} must be >= {setting.minimum:g}, got {raw}")
+    return value
+
+
+def _convert(setting: Setting, raw: Any, source: str = "flag") -> Any:
     if raw is None:
         return None
     try:
         if setting.kind == "path":
             return Path(os.path.expandvars(os.path.expanduser(str(raw)))).absolute()
-        if setting.kind == "int":
-            return int(raw)
-        if setting.kind == "float":
-            return float(raw)
+        if setting.kind in ("int", "float"):
+            return _number(setting, raw, source)
         if setting.kind == "bool":
             return str(raw).strip().lower() in ("1", "true", "yes", "on")
     except ValueError:
-        raise UsageError(f"{setting.env or setting.name}={raw!r} is not a valid {setting.kind}") from None
+        raise UsageError(f"{_label(setting, source)}={raw!r} is not a valid {setting.kind}") from None
     return str(raw)
 
 
@@ -117,12 +134,10 @@ def resolve(
             ("default", s.default),
         ):
             if raw is not None and raw != "":
-                values[s.name], sources[s.name] = _convert(s, raw), source
+                values[s.name], sources[s.name] = _convert(s, raw, source), source
                 break
         else:
             values[s.name], sources[s.name] = None, "unset"
-    if values["num_gpus"] is not None and values["num_gpus"] < 0:
-        raise UsageError(f"NUM_GPUS must be >= 0, got {values['num_gpus']}")
     return Resolved(values, sources)
 
 
@@ -136,3 +151,37 @@ def config_section(invoke_config: Any) -> dict[str, Any]:
             if s.name in source and source[s.name] is not None:
                 out[s.name] = source[s.name]
     return out
+
+
+def writable_dir_problem(path: Path) -> str | None:
+    """Why a folder cannot be created (or written) at `path`, found without writing anything; None when it can.
+
+    Root passes permission checks everywhere, so a pseudo filesystem (/proc, /sys: no blocks) or a read-only
+    mount is told from the filesystem itself.
+    """
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        fs = os.statvfs(existing)
+    except OSError as e:
+        return f"{existing}: {e.strerror}"
+    if fs.f_flag & os.ST_RDONLY:
+        return f"{existing} is on a read-only filesystem"
+    if fs.f_blocks == 0:
+        return f"{existing} is on a pseudo filesystem (no storage)"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def require_writable_dir(settings: Resolved, name: str) -> Path:
+    """A path setting that runs write under (LOG_DIR, ...): a one-line UsageError when it cannot be used."""
+    setting = BY_NAME[name]
+    path = Path(settings.values[name])
+    problem = writable_dir_problem(path)
+    if problem:
+        raise UsageError(f"{_label(setting, settings.source(name))} {path} cannot be used: {problem}")
+    return path

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
-from env.cli import EXIT_BY_RESULT, one_line_errors
+from env.cli import EXIT_BY_RESULT, one_line_errors, task_remainder
 from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks, status_table, timings_text
 from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
-from env.settings import Resolved, UsageError, config_section, resolve
+from env.settings import Resolved, UsageError, config_section, require_writable_dir, resolve
 from sessions import level_rules, progress
 from sessions.bridge_checks import BridgeChecks, not_requested
 from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
@@ -325,8 +325,9 @@ def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: l
 
 def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     verbose = flags.pop("verbose", False)  # how the run is shown, not what it is: not in run.json's options
-    opts, setting_flags = parse_options(number, flags, getattr(c, "remainder", ""))
+    opts, setting_flags = parse_options(number, flags, task_remainder(c))
     settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
+    require_writable_dir(settings, "log_dir")
     ctx = build_context(opts, settings, probe=True, dry_run=opts.dry_run)
     _validate_script(opts, ctx.verl.path)
     level = presets.LEVELS[number]

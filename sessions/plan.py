@@ -29,7 +29,7 @@ import git
 
 from env import plan_rules, presets
 from env.bridge_surface import SurfaceError, VerlSurface, read_surface
-from env.cli import EXIT_BY_RESULT
+from env.cli import EXIT_BY_RESULT, task_remainder
 from env.plan_rules import Family, Rule
 from env.repos import RepoError, open_repo
 from env.settings import UsageError, config_section, resolve
@@ -903,7 +903,7 @@ def plan_command(c: Any, flags: dict[str, Any], base: str | None = None, run: bo
     if settings.bridge_repo is None:
         raise UsageError("BRIDGE_REPO is not set (--bridge-repo or BRIDGE_REPO)")
     try:
-        remainder = shlex.split(getattr(c, "remainder", "") or "")
+        remainder = shlex.split(task_remainder(c))
     except ValueError as e:
         raise UsageError(f"cannot parse the overrides after --: {e}") from None
     if settings.verl_repo is None:

@@ -1,6 +1,6 @@
 """Level 5 plot: reward, validation score, losses, KL, entropy and grad norm by step (baseline overlaid, dashed).
 
-matplotlib is optional (the `plot` extra): imported only here, with the Agg backend (no display on GPU hosts).
+matplotlib is a dependency (verl's vLLM image has it too), imported only here, with the Agg backend (no display on GPU hosts).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def plot_metrics(path: Path, step_metrics: m.StepMetrics, baseline: m.StepMetric
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise PlotUnavailable(f"matplotlib not installed ({e}): pip install 'verl-bridge-e2e[plot]'") from None
+        raise PlotUnavailable(f"matplotlib not importable ({e}): reinstall this project (pip install -e .)") from None
 
     keys = sorted({k for row in step_metrics.values() for k in row})
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), squeeze=False)

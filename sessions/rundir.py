@@ -6,6 +6,8 @@ import re
 import time
 from pathlib import Path
 
+from env.settings import UsageError
+
 
 def next_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
     """The directory a run started now would get (a dry-run prints it; nothing is created)."""
@@ -20,5 +22,9 @@ def next_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
 
 def new_run_dir(log_dir: Path, label: str, model_id: str) -> Path:
     path = next_run_dir(log_dir, label, model_id)
-    path.mkdir(parents=True)
+    try:
+        path.mkdir(parents=True)
+    except OSError as e:  # LOG_DIR unusable in a way its pre-check could not see (see writable_dir_problem)
+        raise UsageError(f"cannot create a run directory under {log_dir} (--log-dir / LOG_DIR): "
+                         f"{e.strerror or e}") from None
     return path

@@ -900,8 +900,10 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
             raise ValueError(f"--level must be 0..5, got {level_n}")
         if not log:
             raise ValueError("--log FILE is required")
-        if not os.path.isfile(log):
+        if not os.path.exists(log):
             raise ValueError(f"log file not found: {log}")
+        if not os.path.isfile(log):  # /dev/null, a folder, a fifo: nothing a run wrote
+            raise ValueError(f"--log {log} is not a regular file")
         verdict = judge_log(log, level=level_n, steps_expected=steps_n, exit_code=exit_n)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}")
