@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -234,18 +235,43 @@ def test_dry_run_prints_env_and_command_and_starts_nothing(workspace):
         (("level2", "--variant", "sparse"), {}, "--variant must be one of dense, moe"),
         (("level0", "--bogus-flag"), {}, "No idea what '--bogus-flag' is"),
         (("level0",), {"VERL_REPO": ""}, "VERL_REPO is not set"),
+        # a pseudo filesystem: root may write anywhere, yet nothing can be created there
+        (("level0", "--log-dir", "/proc/forbidden"), {},
+         "error: --log-dir /proc/forbidden cannot be used: /proc is on a pseudo filesystem (no storage)"),
+        (("level0",), {"LOG_DIR": "<ws>/home/.bashrc-file/logs"},
+         "error: LOG_DIR <ws>/home/.bashrc-file/logs cannot be used: <ws>/home/.bashrc-file is not a directory"),
+        (("level0", "--stall-timeout", "-1"), {}, "error: --stall-timeout must be >= 0, got -1"),
+        (("level0", "--dry-run"), {"STALL_TIMEOUT_MIN": "-0.5"}, "error: STALL_TIMEOUT_MIN must be >= 0, got -0.5"),
+        (("level0", "--stall-timeout", "nan"), {}, "error: --stall-timeout='nan' is not a valid float"),
+        (("judge", "--log", "/dev/null"), {}, "error: --log /dev/null is not a regular file"),
+        (("judge", "--log", "<ws>/home"), {}, "error: --log <ws>/home is not a regular file"),
+        # given on the command line, a missing copy is a typo: no fallback to a hub download
+        (("prep-data", "--local-dataset-path", "/typo", "--out", "<ws>/gsm8k-out"), {},
+         "error: --local-dataset-path /typo does not exist"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(workspace, args, env, message):
-    merged = dict(workspace.env, **{k: v.replace("<verl>", str(workspace.verl)) for k, v in env.items()})
+    def here(text: str) -> str:
+        return text.replace("<verl>", str(workspace.verl)).replace("<ws>", str(workspace.root))
+
+    (workspace.home / ".bashrc-file").write_text("a file, not a folder\n")
+    merged = dict(workspace.env, **{k: here(v) for k, v in env.items()})
     if env.get("VERL_REPO") == "":
         merged.pop("VERL_REPO")
-    proc = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env=merged, capture_output=True,
-                          text=True, timeout=60)
+    before = _tree(workspace.root)
+    proc = subprocess.run([sys.executable, "-m", "invoke", *map(here, args)], cwd=PROJECT, env=merged,
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    err = proc.stderr.strip()
-    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert not workspace.log_dir.exists() or not workspace.run_dirs()
+    out = (proc.stdout + proc.stderr).strip()
+    assert here(message) in out and len(out.splitlines()) == 1 and "Traceback" not in out, out
+    assert _tree(workspace.root) == before  # nothing written (no run dir, no parquet, no log dir)
+
+
+def _tree(root: Path) -> dict[str, int]:
+    """Every path under root with its mtime: what a refused invocation must leave as it was (git's own index
+    refresh, done by any `git status`, aside)."""
+    return {str(p.relative_to(root)): p.lstat().st_mtime_ns for p in root.rglob("*")
+            if ".git" not in p.relative_to(root).parts}
 
 
 def test_missing_wrapper_script_is_bad_input(workspace):

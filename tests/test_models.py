@@ -110,7 +110,7 @@ def test_dry_run_downloads_nothing(workspace, tmp_path):
 def test_level_download_flag_fetches_an_absent_model(workspace, tmp_path):
     model_path = tmp_path / "fresh" / "Qwen2.5-0.5B"
     repo = {"config.json": (workspace.model / "config.json").read_bytes(), "tokenizer.json": b"{}",
-            "tokenizer_config.json": b"{}"}
+            "tokenizer_config.json": b"{}", "model.safetensors": b"\0" * 64}
     with FakeHub({"Qwen/Qwen2.5-0.5B": repo}) as hub:
         env = dict(_hub_env(workspace, hub.url, tmp_path / "scratch"), MODEL_PATH=str(model_path))
         dry = workspace.invoke("level0", "--skip-bridge-checks", "--download", "--dry-run", env=env)
@@ -126,4 +126,35 @@ def test_level_download_flag_fetches_an_absent_model(workspace, tmp_path):
     run_dir = workspace.run_dirs()[-1]
     checks = {c["name"]: c for c in json.loads((run_dir / "run.json").read_text())["preflight"]}
     assert checks["model download"]["status"] == "ok"
-    assert len(hub.downloads()) == 3
+    assert len(hub.downloads()) == 4
+
+
+def test_a_config_json_only_folder_is_not_downloaded_for_preflight_and_download_model(workspace, tmp_path):
+    """An interrupted download (config.json, no weights): one answer everywhere, "not downloaded yet"."""
+    folder = tmp_path / "partial" / "tiny" / "model"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_bytes(TINY["config.json"])
+    env = {"MODEL_PATH": str(folder)}
+
+    doctor = workspace.invoke("doctor", env=env)
+    reason = (f"no HF checkpoint at {folder} (config.json but no weights (*.safetensors, pytorch_model*.bin): "
+              "not downloaded yet)")
+    assert reason in doctor.stdout, doctor.stdout
+
+    level = workspace.invoke("level0", "--skip-bridge-checks", env=env)
+    assert level.returncode == 3, level.stdout[-3000:] + level.stderr[-2000:]
+    summary = json.loads((workspace.run_dirs()[-1] / "summary.json").read_text())
+    assert summary["result"] == "Blocked" and reason in json.dumps(summary)
+
+    offline = workspace.invoke("download-model", "--model", "tiny/model", "--local-dir", str(folder),
+                               env=dict(_hub_env(workspace, _closed_port_url(), tmp_path / "scratch")))
+    assert offline.returncode == 1
+    assert f"tiny/model is not downloaded to {folder} yet" in offline.stderr, offline.stderr
+
+    with FakeHub({"tiny/model": TINY}) as hub:
+        proc = workspace.invoke("download-model", "--model", "tiny/model", "--local-dir", str(folder),
+                                env=_hub_env(workspace, hub.url, tmp_path / "scratch"))
+        assert proc.returncode == 0, proc.stderr
+        assert "model.safetensors" in [p.rsplit("/", 1)[-1] for p in hub.downloads()]
+    doctor = workspace.invoke("doctor", env=env)
+    assert f"{folder} (MODEL_PATH env)" in doctor.stdout, doctor.stdout
