@@ -19,6 +19,8 @@ import pytest
 from env.settings import BY_NAME, UsageError
 from env.slurm import PROJECT, SlurmOptions, check_image, image_engine, plan
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]  # this checkout, said without the code under test
+
 
 @pytest.fixture
 def spaced(tmp_path) -> dict[str, str]:
@@ -146,7 +148,23 @@ def test_batch_script_holds_the_same_step_bash_parses_it_to_the_same_argv(spaced
     srun.chmod(srun.stat().st_mode | stat.S_IXUSR)
     out = subprocess.run(["bash", str(script)], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
                                                      "SLURM_JOB_ID": "42"}, capture_output=True, text=True)
-    assert json.loads(record.read_text()) == p.srun_argv(jobs)[1:]
+    argv = json.loads(record.read_text())
+    assert argv[:5] == ["--nodes=1", "--ntasks=1", "-A", "acct with space",
+                        "--container-image=verlai/verl:vllm017.latest"]
+    flag, mounts = argv[5].split("=", 1)
+    assert flag == "--container-mounts"
+    mounted = (str(Path(spaced["TRAIN_FILES"]).parent), spaced["HF_HOME"], spaced["MODEL_PATH"],
+               spaced["RM_MODEL_PATH"], spaced["BRIDGE_REPO"], spaced["VERL_REPO"], spaced["LOG_DIR"], str(PROJECT_ROOT))
+    assert sorted(mounts.split(",")) == sorted(f"{m}:{m}" for m in mounted)
+    assert argv[6:10] == [f"--container-workdir={PROJECT_ROOT}", "--container-writable", "bash", "-c"]
+    assert len(argv) == 11
+    step = argv[10].splitlines()
+    assert step[1] == f"touch {shlex.quote(str(jobs))}/\"$SLURM_JOB_ID\".started"
+    assert f"export LOG_DIR={shlex.quote(spaced['LOG_DIR'])}" in step
+    assert f"export MODEL_PATH={shlex.quote(spaced['MODEL_PATH'])}" in step
+    assert "export VERL_IMAGE=verlai/verl:vllm017.latest" in step
+    assert f"cd {shlex.quote(str(PROJECT_ROOT))}" in step
+    assert step[-1] == "exec python3 -m nox -s verl -- level0 --model Qwen/Qwen2.5-0.5B"
     # this srun never started the step (no 42.started): cluster setup, exit 3 (Blocked), not the task's 5
     assert out.returncode == 3 and (jobs / "42.exit").read_text().strip() == "3"
     assert "srun exited 5 before the step started" in out.stdout
@@ -161,8 +179,9 @@ def test_batch_script_holds_the_same_step_bash_parses_it_to_the_same_argv(spaced
 
 
 def test_default_image_is_a_vllm_verlai_tag():
-    default = BY_NAME["verl_image"].default
-    assert default.startswith("verlai/verl:") and image_engine(default) == "vllm"
+    # verl's stable vLLM image (docker/README.md of verl-project/verl, 2026-03: vllm==0.17.0)
+    assert BY_NAME["verl_image"].default == "verlai/verl:vllm017.latest"
+    assert image_engine("verlai/verl:vllm017.latest") == "vllm"
 
 
 @pytest.mark.parametrize("image,engine", [
