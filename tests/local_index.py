@@ -1,11 +1,14 @@
 """A local PEP 503 package index (`python -m http.server` over a directory) holding a small `nvidia-modelopt` wheel
-built here: what `install-modelopt` and `nox -s verl` install from in the tests."""
+built here (what `install-modelopt` and `nox -s verl` install from in the tests), or wheels of packages installed on
+this machine (what a remote first-use venv installs from, offline)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import hashlib
+import importlib.metadata
+import re
 import shutil
 import socket
 import subprocess
@@ -39,6 +42,29 @@ def build_wheel(folder: Path, name: str = "nvidia-modelopt", version: str = VERS
     with zipfile.ZipFile(wheel, "w") as z:
         for n, data in payload.items():
             z.writestr(n, data)
+    return wheel
+
+
+def wheel_of_installed(name: str, folder: Path) -> Path:
+    """A wheel of an installed pure-Python distribution, rebuilt from its installed files (no network needed)."""
+    dist = importlib.metadata.distribution(name)
+    base = re.sub(r"[-_.]+", "_", dist.metadata["Name"]).lower()
+    wheel = folder / f"{base}-{dist.version}-py3-none-any.whl"
+    entries = {}
+    for file in dist.files or []:
+        parts = file.parts
+        if parts[0] == ".." or "__pycache__" in parts or file.suffix == ".pyc":
+            continue  # scripts (pip writes its own) and bytecode
+        if parts[0].endswith(".dist-info") and parts[-1] in ("RECORD", "INSTALLER", "REQUESTED", "direct_url.json"):
+            continue
+        entries[file.as_posix()] = Path(dist.locate_file(file)).read_bytes()
+    dist_info = next(k.split("/")[0] for k in entries if k.split("/")[0].endswith(".dist-info"))
+    record = "".join(f"{n},{_record_hash(d)},{len(d)}\n" for n, d in entries.items()) + f"{dist_info}/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel, "w") as z:
+        for n, d in entries.items():
+            z.writestr(n, d)
+        z.writestr(f"{dist_info}/RECORD", record)
     return wheel
 
 

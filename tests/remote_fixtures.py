@@ -16,16 +16,24 @@ import git
 import pytest
 
 from env.remote import remote_task
-from tests.sshd import DIRECT_ALIAS, Sshd, sshd_available, start_sshd
+from tests.sshd import DIRECT_ALIAS, REQUIRE_ENV, Sshd, sshd_available, sshd_required, start_sshd
 
 ACTOR = git.Actor("Test", "test@example.com")
 REMOTE_PYTHON = sys.executable  # the "remote" is this machine: its venv has invoke
 
 
+def need_sshd() -> None:
+    """Skip without sshd, ssh and rsync; fail instead where they are required (CI)."""
+    if not sshd_available():
+        why = "needs sshd, ssh and rsync (.ci/run installs them)"
+        if sshd_required():
+            pytest.fail(f"{why}; {REQUIRE_ENV}=1")
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory) -> Sshd:
-    if not sshd_available():
-        pytest.skip("needs sshd, ssh and rsync (.ci/run installs them)")
+    need_sshd()
     server = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield server
     server.stop()
@@ -102,7 +110,9 @@ def _run_dir(name):
 @task
 def echo(c, model=None, marker=None):
     """Print the arguments and environment it got, as JSON."""
-    print(json.dumps({"model": model, "remainder": c.remainder, "cwd": os.getcwd(),
+    # invoke 2.2 has no c.remainder: what followed `--`, space-joined as invoke 3 gives it
+    remainder = " ".join(sys.argv[sys.argv.index("--") + 1:]) if "--" in sys.argv else ""
+    print(json.dumps({"model": model, "remainder": remainder, "cwd": os.getcwd(),
                       "env": {k: os.environ.get(k) for k in ("BRIDGE_REPO", "VERL_REPO", "LOG_DIR")}}))
 
 
@@ -143,6 +153,7 @@ def make_tool(root: Path) -> Path:
     write(repo_dir / "tasks.py", TOOL_TASKS)
     write(repo_dir / ".gitignore", ".venv/\nverl_e2e_logs/\n__pycache__/\n*.egg-info/\n")
     write(repo_dir / "pyproject.toml",
+          '[build-system]\nrequires = ["setuptools>=64"]\nbuild-backend = "setuptools.build_meta"\n'
           '[project]\nname = "tool-under-test"\nversion = "0"\ndependencies = ["invoke>=2"]\n'
           '[tool.setuptools]\npy-modules = ["tasks"]\n')
     commit_all(repo_dir, "tool")

@@ -18,8 +18,15 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 DIRECT_ALIAS, JUMP_ALIAS = "e2e-direct", "e2e-jump"
 
 
+REQUIRE_ENV = "VERL_E2E_REQUIRE_SSH"  # set by .ci/run (it installs them): a missing sshd fails, never skips
+
+
 def sshd_available() -> bool:
     return os.path.exists(SSHD) and shutil.which("ssh") is not None and shutil.which("rsync") is not None
+
+
+def sshd_required() -> bool:
+    return os.environ.get(REQUIRE_ENV) == "1"
 
 
 @dataclass
@@ -48,8 +55,11 @@ def _keygen(path: Path) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
 
 
-def start_sshd(workdir: Path) -> Sshd:
-    """Start sshd as the current user (root here) on a free port; returns once it accepts connections."""
+def start_sshd(workdir: Path, session_env: dict[str, str] | None = None) -> Sshd:
+    """Start sshd as the current user (root here) on a free port; returns once it accepts connections.
+
+    session_env: variables sshd sets in every session (SetEnv), e.g. a package index for the remote's pip.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     host_key, client_key = workdir / "host_ed25519", workdir / "client_ed25519"
     _keygen(host_key)
@@ -66,6 +76,7 @@ def start_sshd(workdir: Path) -> Sshd:
         f"AuthorizedKeysFile {authorized}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\n"
         "AllowTcpForwarding yes\nMaxSessions 50\nMaxStartups 50\nLogLevel ERROR\n"
+        + (f"SetEnv {' '.join(f'{k}={v}' for k, v in session_env.items())}\n" if session_env else "")
     )
     known_hosts = workdir / "known_hosts"
     host_pub = Path(f"{host_key}.pub").read_text().split()
