@@ -263,11 +263,11 @@ def bisect(c, good=None, bad=None, repo="bridge", max_steps=None, on=None, stash
     The branch, commit, submodules and stash are restored on success, failure and Ctrl-C. Report in
     $LOG_DIR/<utc>-bisect-level<N>-<model>/. Exit 0 found, 3 ambiguous or stopped (candidates listed), 2 bad usage.
     """
-    from env.cli import forwarded_args
+    from env.cli import forwarded_args, task_remainder
     from sessions.bisect import bisect_command
 
     return bisect_command(c, good=good, bad=bad, repo=repo, max_steps=max_steps, on=on, stash=stash,
-                          task_line=forwarded_args("bisect"), remainder=getattr(c, "remainder", "") or "")
+                          task_line=forwarded_args("bisect"), remainder=task_remainder(c))
 
 
 @task(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -316,6 +317,9 @@ def test_ctrl_c_stops_the_level_and_restores_branch_submodule_and_stash(workspac
     (lambda h: ["--good", h.good, "level0", "--bogus"], "level0: No idea what '--bogus' is"),
     (lambda h: ["--good", h.good, "level0", "--dry-run"], "drop --dry-run"),
     (lambda h: ["--good", h.c(12), "level0"], "are the same commit"),
+    # the Hydra overrides after `--` reach the level's own validation
+    (lambda h: ["--good", h.good, "level1", "--", "trainer.default_local_dir=/tmp/x"],
+     "level 1 owns trainer.default_local_dir"),
 ])
 def test_bad_usage_is_one_line_exit_2_and_touches_nothing(workspace, history, args, message):
     ws = workspace
@@ -365,6 +369,11 @@ def test_slurm_runs_the_whole_bisection_as_one_step(workspace, history):
                 environ=workspace.env)
     assert bare.inner_command == [sys.executable, "-m", "invoke", *line]
     assert checkout_state(workspace.bridge)["bisecting"] is False and not bisect_dirs(workspace)
+    # the same through the real command line: slurm's flags, then bisect's, then the level's, then `--`
+    proc = workspace.invoke("slurm", "--dry-run", "--no-container", "--allow-local-logs", *line, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert shlex.join(line) in proc.stdout, proc.stdout
+    assert not bisect_dirs(workspace) and not workspace.run_dirs()
 
 
 @pytest.mark.ssh
