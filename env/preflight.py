@@ -28,8 +28,10 @@ from env.pythonpath import (
     bridge_modelopt_imports,
     is_under,
     located,
+    megatron_lm_empty,
     package_of,
     probe_imports,
+    submodule_fix,
     verl_bridge_imports,
 )
 from env.ray_probe import check_ray_worker, start_ray_probe
@@ -41,22 +43,15 @@ IMAGE_MEGATRON_LM = Path("/workspace/Megatron-LM")  # the wrapper prepends it to
 MIN_FREE_GIB, WARN_FREE_GIB = 1.0, 20.0
 
 
-def submodule_fix(bridge: Path) -> str:
-    return (f"git -C {bridge} submodule update --init {MEGATRON_LM} (installing megatron-core instead gives the "
-            "site-packages skew the procedure warns about)")
-
-
-def megatron_lm_empty(bridge: Path) -> bool:
-    return not (bridge / MEGATRON_LM / "megatron" / "core").is_dir()
-
-
 def check_repos(ctx: RunContext) -> Iterable[Check]:
     yield Check("Bridge checkout", OK, f"{ctx.bridge.path} @ {ctx.bridge.describe()}")
     yield Check("verl checkout", OK, f"{ctx.verl.path} @ {ctx.verl.describe()} (has {presets.WRAPPER})")
 
 
 def _located(ctx: RunContext) -> ImportProbe | Check:
-    """The cheap probe's answer, or the Blocked check that says why there is none."""
+    """The cheap probe's answer, or the check that says why there is none."""
+    if ctx.evidence.get("launcher", {}).get("status") == BLOCKED:
+        return Check("run's Python", SKIPPED, "not probed: the launcher is Blocked (no Python to ask yet)")
     try:
         return located(ctx)
     except ProbeError as e:
@@ -348,23 +343,49 @@ def check_visible_devices(ctx: RunContext) -> Iterable[Check]:
         yield Check("visible devices", OK, "no ROCR/CUDA visible-devices clash")
 
 
-def check_uv(ctx: RunContext) -> Iterable[Check]:
-    """The wrapper runs `uv run --frozen` unless VERL_USE_UV=0: needs uv and verl's uv.lock."""
-    if "VERL_USE_UV" in ctx.environ:
-        yield Check("launcher", OK, f"VERL_USE_UV={ctx.environ['VERL_USE_UV']} (from env)")
-        return
-    if ctx.image_python:
-        why = "running in the image's own Python (nox -s verl)"
+def uv_environment(ctx: RunContext) -> Path:
+    """The interpreter environment `uv run --frozen` runs verl in: UV_PROJECT_ENVIRONMENT, else VERL_REPO/.venv."""
+    env = ctx.environ.get("UV_PROJECT_ENVIRONMENT")
+    return Path(env) if env else Path(ctx.verl.path) / ".venv"
+
+
+def choose_launcher(ctx: RunContext) -> Check:
+    """Which Python runs verl, decided before any probe so the probes ask that Python (never one probed and another
+    run). Default: the image's Python with PYTHONPATH (the procedure; VERL_USE_UV=0, which verl HEAD's wrapper reads
+    and v0.9.0's ignores). VERL_USE_UV=1 asks for verl's uv launcher: the probes then run uv's project interpreter."""
+    if "launcher" in ctx.evidence:
+        return Check(**ctx.evidence["launcher"])
+    wanted = ctx.environ.get("VERL_USE_UV", "0") != "0" and not ctx.image_python
+    if not wanted:
+        why = ("running in the image's own Python (nox -s verl)" if ctx.image_python else
+               "the image's Python with PYTHONPATH, as the procedure runs verl; VERL_USE_UV=1 for verl's uv launcher")
+        ctx.env["VERL_USE_UV"] = "0"
+        ctx.notes.append(f"VERL_USE_UV=0: {why}")
+        check = Check("launcher", OK, f"VERL_USE_UV=0 ({why})")
     elif not shutil.which("uv", path=ctx.environ.get("PATH")):
-        why = "no uv on PATH"
+        check = Check("launcher", BLOCKED, "VERL_USE_UV=1 asks for `uv run --frozen`, but there is no uv on PATH",
+                      "install uv, or unset VERL_USE_UV to run the image's Python", "env-dependency")
     elif not (Path(ctx.verl.path) / "uv.lock").is_file():
-        why = "verl checkout has no uv.lock"
+        check = Check("launcher", BLOCKED, "VERL_USE_UV=1 asks for `uv run --frozen`, but the verl checkout has no "
+                      "uv.lock", "use a verl with uv.lock, or unset VERL_USE_UV", "env-dependency")
     else:
-        yield Check("launcher", OK, "uv + verl uv.lock: the wrapper runs `uv run --frozen`")
-        return
-    ctx.env["VERL_USE_UV"] = "0"
-    ctx.notes.append(f"VERL_USE_UV=0: {why}")
-    yield Check("launcher", OK, f"VERL_USE_UV=0 ({why})")
+        venv = uv_environment(ctx)
+        python = venv / "bin" / "python"
+        if not python.exists():
+            check = Check("launcher", BLOCKED, f"VERL_USE_UV=1: `uv run --frozen` would build {venv} when verl "
+                          "starts; preflight cannot check an interpreter that does not exist yet",
+                          f"cd {ctx.verl.path} && uv sync --frozen --all-packages --extra vllm --extra megatron "
+                          "--extra math (then rerun), or unset VERL_USE_UV", "env-dependency")
+        else:
+            ctx.python = str(python)
+            ctx.notes.append(f"VERL_USE_UV=1: verl runs in uv's environment {venv}; the probes ran {python}")
+            check = Check("launcher", OK, f"VERL_USE_UV=1: `uv run --frozen` in {venv}; every probe runs {python}")
+    ctx.evidence["launcher"] = check.to_json()
+    return check
+
+
+def check_uv(ctx: RunContext) -> Iterable[Check]:
+    yield choose_launcher(ctx)
 
 
 def check_apex(ctx: RunContext) -> Iterable[Check]:
@@ -447,6 +468,7 @@ def check_container_image(ctx: RunContext) -> Iterable[Check]:
 # decided (model path; check_apex before check_flash_attn).
 CHEAP: list[CheckFn] = [
     check_repos,
+    check_uv,
     check_locations,
     check_modelopt_present,
     check_container_setup,
@@ -458,7 +480,6 @@ CHEAP: list[CheckFn] = [
     check_nsys,
     check_disk,
     check_visible_devices,
-    check_uv,
     check_apex,
     check_flash_attn,
     check_container_image,
@@ -472,7 +493,8 @@ USES = {check_imports: ("imports",), check_modelopt: ("imports",), check_ray_wor
 
 
 def _prefetch_cheap(ctx: RunContext) -> None:
-    if ctx.probe:
+    launcher = choose_launcher(ctx)  # the probes below must ask the Python that will run verl
+    if ctx.probe and launcher.status != BLOCKED:
         ctx.facts.start("locate", lambda: located(ctx))
     for name in ("train_files", "val_files"):
         path = ctx.settings.values[name]

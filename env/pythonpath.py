@@ -93,6 +93,16 @@ def compose(bridge_repo: Path, verl_repo: Path, old: str | None = None) -> str:
     return os.pathsep.join(parts)
 
 
+def megatron_lm_empty(bridge_repo: Path) -> bool:
+    """Bridge's 3rdparty/Megatron-LM has no megatron/core: the submodule is not initialised."""
+    return not (Path(bridge_repo) / MEGATRON_LM / "megatron" / "core").is_dir()
+
+
+def submodule_fix(bridge_repo: Path) -> str:
+    return (f"git -C {bridge_repo} submodule update --init {MEGATRON_LM} (installing megatron-core instead gives the "
+            "site-packages skew the procedure warns about)")
+
+
 def run_entries(bridge_repo: Path, verl_repo: Path) -> list[str]:
     """The run's own PYTHONPATH entries (what compose() puts first): the checkouts under test."""
     return [str(Path(bridge_repo) / "src"), str(Path(bridge_repo) / MEGATRON_LM), str(verl_repo)]

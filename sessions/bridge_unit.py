@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from env.repos import RepoError, RepoState, bridge_state
+from env.pythonpath import megatron_lm_empty, submodule_fix
+from env.repos import MEGATRON_LM, RepoError, RepoState, bridge_state
 from env.settings import UsageError, resolve
 from sessions.bridge_checks import (
     TARGETED_TESTS,
@@ -312,7 +313,9 @@ def run_bridge_unit(bridge_repo: Path, log_dir: Path, extra: Sequence[str] = (),
     proc = subprocess.run(sync, cwd=bridge_repo, capture_output=True, text=True, env=env.uv_env)
     sys.stdout.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        return finish("Blocked", f"`{record['sync']}` failed (exit {proc.returncode}): {uv_error(proc.stderr)}",
+        # an empty Megatron-LM submodule: uv says "does not appear to be a Python project"; the fix is git's
+        empty = f"; {MEGATRON_LM} is empty: {submodule_fix(bridge_repo)}" if megatron_lm_empty(bridge_repo) else ""
+        return finish("Blocked", f"`{record['sync']}` failed (exit {proc.returncode}): {uv_error(proc.stderr)}{empty}",
                       state, "environment")
     state = bridge_state(bridge_repo)  # record the state the tests actually ran on
 

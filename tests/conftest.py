@@ -86,7 +86,10 @@ def workspace(_templates, tmp_path) -> Workspace:
         MODEL_PATH=str(ws.model), RM_MODEL_PATH=str(ws.reward_model), TRAIN_FILES=str(ws.data / "train.parquet"),
         VAL_FILES=str(ws.data / "test.parquet"), LOG_DIR=str(ws.log_dir), NUM_GPUS="1",
         PYTHONPATH=str(repos.SITE), PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-        # preflight 3 starts a local Ray cluster (~15 s on 2 cores): off here, on in tests/test_ray_probe.py
+        # Off for tests about something else (verdicts, reports, level rules, plumbing): the worker probe starts a
+        # local Ray cluster (~15 s on 2 cores) and adds nothing to what they check. The tests of the path a user
+        # takes turn it on (VERL_E2E_RAY_PROBE=1, marked `ray`): level 0 Pass and its Blocked-by-import cases
+        # (test_level0.py), every cheap Blocked (they must start no Ray at all), tests/test_ray_probe.py.
         VERL_E2E_RAY_PROBE="0",
     )
     ws.env = env

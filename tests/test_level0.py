@@ -38,10 +38,11 @@ SUMMARY_SHAPE = [
 ]
 
 
+@pytest.mark.ray  # the default path: the Ray worker probe on a throwaway local cluster, as a user runs it
 def test_pass_writes_the_procedures_summary_and_the_run_directory(workspace):
     (workspace.bridge / "src/megatron/bridge/new_provider.py").write_text("X = 1\n")
     (workspace.verl / "README.local").write_text("local note\n")
-    proc = workspace.invoke("level0", "--skip-bridge-checks")
+    proc = workspace.invoke("level0", "--skip-bridge-checks", env={"VERL_E2E_RAY_PROBE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = only_run_dir(workspace)
     md, summary = summary_of(run_dir)
@@ -55,6 +56,7 @@ def test_pass_writes_the_procedures_summary_and_the_run_directory(workspace):
     assert any("--skip-bridge-checks" in x for x in summary["limitations"])
     imp = deliverable(summary, "Local Bridge import in verl")
     assert imp["status"] == "Pass" and str(workspace.bridge / "src") in imp["detail"]
+    assert f"Ray worker imports {workspace.bridge}/src/megatron/bridge/__init__.py" in imp["detail"]
     assert deliverable(summary, "verl Megatron backend run")["status"] == "Pass"
     assert deliverable(summary, "Log capture")["detail"].startswith(str(run_dir / "verl.log"))
     # evidence: both commits and the dirty files of each checkout

@@ -5,6 +5,8 @@ named. Checks run in-process on fixture checkouts with the real import probe (a 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -171,3 +173,65 @@ def test_doctor_timings_shows_each_check_and_probe(workspace):
     assert re.match(r"✔ +\d+\.\d\ds megatron\.bridge imports", row), row
     timings = proc.stdout.split("# timings (s): total ", 1)[1]
     assert re.search(r"^ +\d+\.\d\d  imports$", timings, re.M) and re.search(r"^ +\d+\.\d\d  locate$", timings, re.M)
+
+
+def test_the_image_python_is_the_default_launcher_even_with_uv_and_a_lock(workspace, monkeypatch):
+    """verl HEAD's wrapper runs `uv run --frozen` unless VERL_USE_UV=0; the procedure runs the image's Python: the
+    run gets VERL_USE_UV=0 and the probes ask that same Python."""
+    _with_pythonpath(monkeypatch, workspace)
+    (workspace.verl / "uv.lock").write_text("version = 1\n")
+    assert shutil.which("uv", path=workspace.env["PATH"])  # uv is there too: still the image's Python
+    ctx, checks = _checks(workspace)
+    assert checks["launcher"].status == OK and checks["launcher"].detail.startswith("VERL_USE_UV=0 (the image's Python")
+    assert ctx.env["VERL_USE_UV"] == "0" and ctx.python == sys.executable
+
+
+def test_the_uv_launcher_probes_uvs_interpreter_or_is_blocked(workspace, monkeypatch, tmp_path):
+    _with_pythonpath(monkeypatch, workspace)
+    (workspace.verl / "uv.lock").write_text("version = 1\n")
+    workspace.env["VERL_USE_UV"] = "1"
+    ctx, checks = _checks(workspace)
+    assert checks["launcher"].status == BLOCKED and "uv sync --frozen --all-packages" in checks["launcher"].fix
+    assert checks["run's Python"].status == "skipped" and not ctx.facts.started("locate")
+    # uv's project environment exists (a venv that sees this machine's stack): every probe runs its python
+    venv = workspace.verl / ".venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    stack = next(p for p in sys.path if p.endswith("site-packages"))
+    [site] = list(venv.glob("lib/python3*/site-packages"))
+    (site / "stack.pth").write_text(stack + "\n")
+    ctx, checks = _checks(workspace)
+    assert checks["launcher"].status == OK and ctx.python == str(venv / "bin" / "python")
+    assert "VERL_USE_UV" not in ctx.env  # the wrapper's own default (uv) stays
+    assert ctx.imports.raw["python"] == str(venv / "bin" / "python")
+    assert checks["megatron.bridge imports"].status == OK
+
+
+def test_an_uninitialised_megatron_lm_submodule_names_git_not_pip(workspace, monkeypatch):
+    _with_pythonpath(monkeypatch, workspace)
+    subprocess.run(["git", "-C", str(workspace.bridge), "submodule", "deinit", "-f", "3rdparty/Megatron-LM"],
+                   check=True, capture_output=True)
+    ctx, checks = _checks(workspace)
+    check = checks["megatron.core origin"]
+    assert check.status == BLOCKED and "is empty (the submodule is not initialised)" in check.detail
+    assert check.fix.startswith(f"git -C {workspace.bridge} submodule update --init 3rdparty/Megatron-LM")
+    assert not ctx.facts.started("imports")  # a cheap Blocked: no heavy probe
+
+
+# `nvidia-smi -L` on a real two-H200 host (captured 2026-11-30)
+NVIDIA_SMI_L = """GPU 0: NVIDIA H200 (UUID: GPU-ae3a9903-20d7-ddb6-121b-7aa0f52856b5)
+GPU 1: NVIDIA H200 (UUID: GPU-18241314-304a-7926-0533-46b260e17737)
+"""
+
+
+def test_gpus_are_detected_with_nvidia_smi_when_num_gpus_is_unset(workspace, tmp_path):
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 9\ncat <<'EOF'\n{NVIDIA_SMI_L}EOF\n")
+    fake.chmod(0o755)
+    del workspace.env["NUM_GPUS"]
+    env = {"PATH": f"{fake.parent}:{workspace.env['PATH']}"}
+    ok = workspace.invoke("doctor", env=env)
+    assert "✔ GPUs" in ok.stdout and "2 GPU(s) from nvidia-smi -L; TP x PP x CP = 1" in ok.stdout, ok.stdout
+    dense = workspace.invoke("doctor", "--level", "2", env=env)  # TP 2 x PP 2 needs 4
+    assert dense.returncode == 3 and "✘ GPUs" in dense.stdout
+    assert "2 GPU(s) from nvidia-smi -L; TP x PP x CP = 4" in dense.stdout

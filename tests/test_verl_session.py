@@ -39,6 +39,10 @@ def test_runs_the_task_in_the_image_python(workspace):
 
 def test_installs_modelopt_only_when_missing(workspace, tmp_path):
     python = local_index.fresh_venv(tmp_path / "image-python")
+    # an image's Python has the stack (ray: preflight blocks without it); here: this machine's, through a .pth
+    stack = next(p for p in sys.path if p.endswith("site-packages"))
+    [site] = list((tmp_path / "image-python").glob("lib/python3*/site-packages"))
+    (site / "stack.pth").write_text(stack + "\n")
     for k in [k for k in workspace.env if k.startswith("PIP_")]:
         del workspace.env[k]
     with local_index.package_index(tmp_path / "index") as url:
