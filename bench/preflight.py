@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,10 +53,30 @@ def base_env(fx: dict[str, Path], log_dir: Path, ray_address: str | None) -> dic
                MODEL_PATH=str(fx["model"]), RM_MODEL_PATH=str(fx["rm"]), TRAIN_FILES=str(fx["data"] / "train.parquet"),
                VAL_FILES=str(fx["data"] / "test.parquet"), LOG_DIR=str(log_dir), NUM_GPUS="1",
                PYTHONPATH=str(fx["site"]), PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-               VERL_E2E_RAY_PROBE="1", RAY_USAGE_STATS_ENABLED="0")
+               VERL_E2E_RAY_PROBE="1", RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     if ray_address:
         env["RAY_ADDRESS"] = ray_address
     return env
+
+
+def start_head(tmp: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+    ray = Path(sys.executable).parent / "ray"
+    proc = subprocess.Popen([str(ray), "start", "--head", f"--port={port}", "--num-cpus=1", "--num-gpus=0",
+                             "--include-dashboard=false", "--block"], stdout=open(tmp / "head.log", "wb"),
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                time.sleep(3)  # the GCS listens before the raylet registers
+                return proc, f"127.0.0.1:{port}"
+        time.sleep(0.5)
+    raise SystemExit("ray start --head did not listen within 120 s")
 
 
 def supports_timings(project: Path) -> bool:
@@ -75,11 +97,17 @@ def main() -> int:
     ap.add_argument("--project", type=Path, default=ROOT, help="checkout of this project to time (default: this one)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--ray-address", default=None, help="attach the worker probe to this cluster")
+    ap.add_argument("--own-head", action="store_true",
+                    help="start a one-CPU Ray head of our own (its own process group) and attach to it: on a shared "
+                         "machine where others' `ray stop --force` kills throwaway clusters")
     ap.add_argument("--show", action="store_true", help="print doctor's output of the last run of each scenario")
     args = ap.parse_args()
     project = args.project.resolve()
     timings = supports_timings(project)
     tmp = Path(tempfile.mkdtemp(prefix="bench-preflight-"))
+    head = None
+    if args.own_head:
+        head, args.ray_address = start_head(tmp)
     try:
         fx = build_fixtures(project, tmp / "fx")
         # (name, invoke task, env changes, warm); each cold scenario gets its own fresh LOG_DIR: no cache helps it
@@ -112,6 +140,9 @@ def main() -> int:
                 for ln in shown:
                     print(f"    {ln}")
     finally:
+        if head is not None:
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

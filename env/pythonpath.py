@@ -56,7 +56,7 @@ def origin(mod, do_import):
 for mod in ("megatron.bridge", "megatron.core", "verl"):
     out[mod] = origin(mod, heavy)
 out["present"] = {m: locate(m).get("file") for m in req.get("present", [])}
-out["imports"] = {m: origin(m, True) for m in req.get("imports", [])} if heavy else {}
+out["imports"] = {m: origin(m, True) for m in req.get("imports", [])}
 print(json.dumps(out))
 """
 
@@ -164,7 +164,8 @@ class ProbeError(Exception):
 def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout: float = 300,
                   imports: list[str] | tuple[str, ...] = (), heavy: bool = True,
                   environ: dict[str, str] | None = None) -> ImportProbe:
-    """One probe process: origins of Bridge/core/verl, presence of PRESENCE, and (heavy) the given imports."""
+    """One probe process: origins of Bridge/core/verl (heavy: also imported), presence of PRESENCE, and the given
+    imports."""
     env = dict(os.environ if environ is None else environ, PYTHONPATH=pythonpath)
     request = json.dumps({"heavy": heavy, "present": list(PRESENCE), "imports": list(imports)})
     try:

@@ -3,8 +3,8 @@
 The session has no venv of its own (`venv_backend="none"`): verl runs in the image's own Python (VERL_PYTHON, else
 `python3` on PATH), whose torch / vLLM / Transformer-Engine stack is never reinstalled. PYTHONPATH is the
 procedure's (Bridge src, Bridge 3rdparty/Megatron-LM, verl). nvidia-modelopt is installed only when that Python
-cannot import it (or what the LoRA save path imports from it). The task then runs with VERL_E2E_IMAGE_PYTHON=1, which preflight reads as "use the installed
-Python" (VERL_USE_UV=0, said in the report).
+does not have it (one installed without its dependencies is the level preflight's to find). The task then runs with
+VERL_E2E_IMAGE_PYTHON=1, which preflight reads as "use the installed Python" (VERL_USE_UV=0, said in the report).
 """
 
 from __future__ import annotations
@@ -49,25 +49,24 @@ def run_in_image(task_args: list[str], environ: dict[str, str], echo=_say) -> in
         raise UsageError("BRIDGE_REPO and VERL_REPO must be set: they make the PYTHONPATH of the verl environment")
     python = image_python(settings)
     pythonpath = compose(Path(settings.bridge_repo), Path(settings.verl_repo), environ.get("PYTHONPATH"))
-    save_path = bridge_modelopt_imports(Path(settings.bridge_repo))
-    try:
-        probe = probe_imports(python, pythonpath, cwd=Path(settings.verl_repo), imports=save_path)
+    try:  # verl alone is imported here; the level's preflight imports the rest (Bridge, what the build needs)
+        probe = probe_imports(python, pythonpath, cwd=Path(settings.verl_repo), heavy=False, imports=["verl"])
     except ProbeError as e:
         raise UsageError(f"{e} (run `nox -s verl` inside the verl image, or set VERL_PYTHON)") from None
-    verl_error = probe.error_of("verl")
+    verl_error = probe.error_of("verl") or probe.import_result("verl").get("error")
     if verl_error:
         raise UsageError(f"{python} cannot import verl with PYTHONPATH={pythonpath}: {verl_error} — run `nox -s "
                          f"verl` inside the verl image (or set VERL_PYTHON to the image's Python)")
     echo(f"Python {python} ({probe.raw.get('version')}); verl from {probe.file_of('verl')}")
     echo(f"PYTHONPATH={pythonpath}")
 
-    broken = [m for m in save_path if probe.import_result(m).get("error")]
-    if probe.present("modelopt") and not broken:
+    if probe.present("modelopt"):  # installed without its dependencies: preflight says so (install-modelopt fixes)
         echo("modelopt importable: nothing installed")
     else:
         try:
             _, record = ensure_modelopt(python, settings.modelopt_index_url, Path(settings.log_dir), echo,
-                                        save_path=save_path or None, pythonpath=pythonpath)
+                                        save_path=bridge_modelopt_imports(Path(settings.bridge_repo)) or None,
+                                        pythonpath=pythonpath)
         except RuntimeError as e:
             raise UsageError(f"nvidia-modelopt is missing or incomplete and could not be installed: {e}") from None
         echo(f"container-setup record: {record}")
