@@ -55,6 +55,15 @@ def split_forwarded(tokens: list[str], value_flags: dict[str, set[str]]) -> tupl
     return tokens, {}
 
 
+def task_help_request(tokens: list[str], task_names: set[str]) -> str | None:
+    """The task of `invoke judge --help` (to be shown as `invoke --help judge`): invoke itself would hand `--help`
+    to a required positional argument (judge's --log, remote's --host, ...) and run the task with it."""
+    task = next((t for t in tokens if not t.startswith("-")), None)
+    if task in task_names and "--help" in tokens[tokens.index(task) + 1:]:
+        return task
+    return None
+
+
 def install_parse_error_exit_code() -> None:
     """invoke exits 1 on an unknown flag; SPEC says bad invocation is 2. Also cuts forwarded task lines.
 
@@ -80,6 +89,9 @@ def install_parse_error_exit_code() -> None:
                 forwarding_task.help = help_texts
                 value_flags[name] = flags
         self.core.unparsed, found = split_forwarded(list(self.core.unparsed), value_flags)
+        help_task = task_help_request(self.core.unparsed, set(self.collection.task_names))
+        if help_task:
+            self.core.unparsed = []
         _forwarded.clear()
         _forwarded.update(found)
         _parsed_remainder[:] = [getattr(self.core, "remainder", "") or ""]
@@ -87,6 +99,8 @@ def install_parse_error_exit_code() -> None:
             original(self)
         except ParseError as e:
             raise Exit(f"error: {e}", code=EXIT_BAD_USAGE) from None
+        if help_task:
+            self.core[0].args.help.value = help_task  # what `--help TASK` sets; invoke prints it next
 
     parse_tasks._bad_usage_is_2 = True  # type: ignore[attr-defined]
     Program.parse_tasks = parse_tasks  # type: ignore[method-assign]

@@ -69,12 +69,15 @@ def test_pip_resolution_is_what_the_code_was_checked_on(readme_venv):
 
 
 def test_every_task_is_listed_and_has_help(readme_venv):
-    """The README's tasks at least; and every task listed (also ones added later) answers --help."""
+    """The README's tasks at least; and every task listed (also ones added later) answers --help, before or after
+    its name (`invoke judge --help` must not become `--log --help`)."""
     listed = _ok(_run(readme_venv, dict(os.environ), "invoke", "--list"))
     names = re.findall(r"^  (\S+)", listed, flags=re.M)
     assert set(TASKS) <= set(names), names
     for task in names:
-        assert "Usage: inv[oke] " in _ok(_run(readme_venv, dict(os.environ), "invoke", "--help", task)), task
+        before = _ok(_run(readme_venv, dict(os.environ), "invoke", "--help", task))
+        assert before.startswith(f"Usage: inv[oke] [--core-opts] {task} [--options]"), before
+        assert _ok(_run(readme_venv, dict(os.environ), "invoke", task, "--help")) == before, task
 
 
 def test_nox_sessions_are_listed(readme_venv):
