@@ -55,33 +55,67 @@ def _python_files(root: Path):
         yield path, rel.as_posix()
 
 
+def _module_of(rel: str) -> str:
+    parts = rel[:-3].split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def read_surface(verl_repo: Path | str) -> VerlSurface:
-    """Every `megatron.bridge` import in verl (package and scripts, not tests) and every attribute name verl uses."""
+    """Every `megatron.bridge` import in verl (package and scripts, not tests), and the attribute names used by the
+    verl files that handle Bridge objects: those importing `megatron.bridge`, and those importing such a file
+    (verl re-exports AutoBridge from verl.models.mcore). Other files' attributes (a `.prepare_data` in a data
+    utility) say nothing about Bridge."""
     root = Path(verl_repo)
     if not root.is_dir():
         raise SurfaceError(f"verl checkout {root} does not exist")
     surface = VerlSurface(str(root))
+    attrs: dict[str, dict[str, str]] = {}  # file → attribute → file:line
+    imports: dict[str, set[str]] = {}  # file → verl modules it imports
+    direct: set[str] = set()
     for path, rel in _python_files(root):
         try:
             tree = ast.parse(path.read_bytes(), filename=rel)
         except (SyntaxError, ValueError, OSError):
             continue  # a file verl itself could not import either
+        mine: dict[str, str] = {}
+        used: set[str] = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and (
-                    node.module == BRIDGE_PACKAGE or node.module.startswith(BRIDGE_PACKAGE + ".")):
-                for alias in node.names:
-                    surface.imports.append(SurfaceName(node.module, alias.name, rel, node.lineno))
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module == BRIDGE_PACKAGE or node.module.startswith(BRIDGE_PACKAGE + "."):
+                    direct.add(rel)
+                    for alias in node.names:
+                        surface.imports.append(SurfaceName(node.module, alias.name, rel, node.lineno))
+                else:
+                    used.add(node.module)
+                    used.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name == BRIDGE_PACKAGE or alias.name.startswith(BRIDGE_PACKAGE + "."):
+                        direct.add(rel)
                         surface.imports.append(SurfaceName(alias.name, None, rel, node.lineno))
+                    else:
+                        used.add(alias.name)
             elif isinstance(node, ast.Attribute):
-                surface.attributes.setdefault(node.attr, f"{rel}:{node.lineno}")
+                mine.setdefault(node.attr, f"{rel}:{node.lineno}")
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
                   and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                   and isinstance(node.args[1].value, str)):
-                surface.attributes.setdefault(node.args[1].value, f"{rel}:{node.lineno}")
+                mine.setdefault(node.args[1].value, f"{rel}:{node.lineno}")
+        attrs[rel] = mine
+        imports[rel] = used
     if not surface.imports:
         raise SurfaceError(f"verl checkout {root} imports nothing from {BRIDGE_PACKAGE}: it cannot tell what verl "
                            "reaches (is it a verl checkout with the Megatron-Bridge backend?)")
+    bridge_modules = {_module_of(rel) for rel in direct}
+    grew = True
+    while grew:  # packages re-exporting them (`from verl.models.mcore import AutoBridge`)
+        grew = False
+        for rel, used in imports.items():
+            if rel.endswith("__init__.py") and used & bridge_modules and _module_of(rel) not in bridge_modules:
+                bridge_modules.add(_module_of(rel))
+                grew = True
+    aware = direct | {rel for rel, used in imports.items() if used & bridge_modules}
+    for rel in sorted(aware):
+        for name, where in attrs[rel].items():
+            surface.attributes.setdefault(name, where)
     return surface

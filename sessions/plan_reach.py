@@ -48,6 +48,7 @@ class Unit:
     bases: list[str] = field(default_factory=list)  # a class's Bridge base classes (keys)
     methods: dict[str, str] = field(default_factory=dict)  # a class's method name → unit key
     registered: bool = False  # a class a Bridge decorator registers (bridges, mappings)
+    deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
 
     @property
     def name(self) -> str:
@@ -339,6 +340,7 @@ class BridgeIndex:
                 t = self._target(d.func if isinstance(d, ast.Call) else d, info, local)
                 if t and t[0] == "unit":
                     unit.registered = True  # a Bridge decorator keeps the class: a registry hands it out
+                    unit.deco_refs.add(t[1])
         unit.refs.discard(unit.key)
 
     def _target(self, n: ast.AST, info: ModuleInfo, local: dict) -> tuple | None:
@@ -471,7 +473,9 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
         if cls in r.live:
             return
         r.live[cls] = step
-        if imports:
+        if cls in r.steps:
+            queue.append(cls)  # its body's references count now that the class is used
+        elif imports:
             visit(cls, step)
         dispatch_to(cls, step)
         for base in _ancestors(index, cls):
@@ -520,9 +524,12 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
                     live_base = next((b for b in u.bases if b in r.live), None)
                     if live_base:
                         make_live(k, Step(live_base, f"subclass of {index.units[live_base].name}"))
-        for name in unit.attrs:
+        # A class statement runs on import, but its body's values (dataclass defaults, factories) matter only
+        # once the class is used: until then only its decorators count.
+        dormant = unit.kind == "class" and key not in r.live
+        for name in () if dormant else unit.attrs:
             use_attr(name, unit.key)
-        for ref in sorted(unit.refs):
+        for ref in sorted(unit.deco_refs if dormant else unit.refs):
             target = index.unit(ref)
             if target is None:
                 continue
