@@ -208,8 +208,9 @@ def is_doc(path: str) -> bool:
 TIERS = {
     "calls": "verl runs it",
     "api": "new public Bridge API in a module verl imports (no Bridge caller: it is there for frameworks like verl)",
-    "imports": "in a module verl imports, but only Bridge's own code calls it: counts by what it is about only",
-    "none": "verl never imports it",
+    "imports": "in (or called from) a module verl imports, but only Bridge's own code calls it: counts by what it "
+               "is about only",
+    "none": "verl never reaches it (not imported, or deep in Bridge's own pipelines)",
 }
 
 
@@ -290,6 +291,33 @@ def _has_bridge_caller(index: BridgeIndex, unit: Unit) -> bool:
     return False
 
 
+def _direct_modules(index: BridgeIndex, surface: VerlSurface) -> set[str]:
+    """The Bridge modules verl names in its imports (and where the names it imports are defined)."""
+    out = set()
+    for s in surface.imports:
+        out.add(s.module)
+        t = index.resolve(s.module, s.name) if s.name else None
+        if t:
+            out.add(t[1].split(":", 1)[0])
+    return out
+
+
+def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bool:
+    """Code verl does not call counts by its subject only when it sits in a module verl imports, or is called from
+    one (checkpoint loading next to the checkpoint functions verl takes; a validator ConfigContainer calls). Code
+    further down Bridge's own pipelines (its SFT data, its recipes) counts for nothing."""
+    if unit.module in direct:
+        return True
+    name = unit.name.split(".")[-1]
+    for m in direct:
+        info = index.modules.get(m)
+        for k in info.units if info else ():
+            u = index.units[k]
+            if unit.key in u.refs or (unit.kind == "method" and name in u.attrs):
+                return True
+    return False
+
+
 def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     """Changed functions/classes of Bridge's source, each with whether and how verl reaches it."""
     if not any(_is_bridge_python(f.path) for f in change.files):
@@ -326,6 +354,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 if now is None:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), []))[3].append(ev)
+    direct = _direct_modules(index, surface)
     entries = plan_reach.verl_entries(index, surface, global_reach)
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
     for key, (unit, lines, code, old_evs) in per_unit.items():
@@ -341,7 +370,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         tier = ("calls" if key in global_reach else
                 "none" if unit.module not in modules else
                 "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
-                and not _has_bridge_caller(index, unit) else "imports")
+                and not _has_bridge_caller(index, unit) else
+                "imports" if _beside_verl_imports(index, unit, direct) else "none")
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
                          family=_family_folder(unit.file))

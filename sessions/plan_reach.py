@@ -49,6 +49,7 @@ class Unit:
     methods: dict[str, str] = field(default_factory=dict)  # a class's method name → unit key
     registered: bool = False  # a class a Bridge decorator registers (bridges, mappings)
     deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
+    called: set[str] = field(default_factory=set)  # what it calls (a class called is instantiated)
 
     @property
     def name(self) -> str:
@@ -311,6 +312,7 @@ class BridgeIndex:
                 t = self.resolve(n.elts[0].value, n.elts[1].value)  # ("pkg.module", "Name"): a lazy-import table
                 if t:
                     unit.refs.add(t[1])
+                    unit.called.add(t[1])  # what such a table names gets imported and built
             elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr") \
                     and len(n.args) >= 2 and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
                 unit.attrs.add(n.args[1].value)
@@ -329,6 +331,10 @@ class BridgeIndex:
             target = self._target(n, info, local)
             if target:
                 unit.refs.add(target[1])
+            if isinstance(n, ast.Call):
+                t = self._target(n.func, info, local)
+                if t:
+                    unit.called.add(t[1])
         if unit.kind == "class":
             for b in unit.node.bases:  # type: ignore[union-attr]
                 t = self._target(b, info, local)
@@ -534,7 +540,8 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
             if target is None:
                 continue
             step = Step(key, "imports" if target.kind == "module" else "references")
-            if target.kind == "class":
+            # module code naming a class without calling it (a table of builders) makes no instance
+            if target.kind == "class" and (unit.kind != "module" or ref in unit.called):
                 make_live(ref, step)
             visit(ref, step)
     return r
