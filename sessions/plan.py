@@ -367,6 +367,9 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         ev.subject += ev.guards
         for old_ev in old_evs:
             ev.subject += [w for w in old_ev.subject if w not in ev.subject]
+        if unit.kind == "module" and key in global_reach and unit.module not in direct and not any(
+                k in global_reach for k in index.modules[unit.module].units if k != key):
+            global_reach.steps.pop(key)  # imported on the way, nothing of it runs: its module code is no verl path
         tier = ("calls" if key in global_reach else
                 "none" if unit.module not in modules else
                 "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
