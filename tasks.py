@@ -51,10 +51,11 @@ def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None,
         "steps": "expected training steps (default: from the log)",
         "exit_code": "the wrapper's exit code, when known",
         "json": "print the verdict as JSON",
+        "bridge_repo": "with --level: the Bridge checkout the run should have imported (default BRIDGE_REPO)",
     }
 )
 @one_line_errors
-def judge(c, log, level=None, steps=None, exit_code=None, json=False):
+def judge(c, log, level=None, steps=None, exit_code=None, json=False, bridge_repo=None):
     """Judge a verl log: the run's Pass / Fail / Blocked (category, first error, hint); with --level, the level's."""
     from sessions.verdict import judge_command
 
@@ -64,6 +65,7 @@ def judge(c, log, level=None, steps=None, exit_code=None, json=False):
         steps=None if steps is None else int(steps),
         exit_code=None if exit_code is None else int(exit_code),
         as_json=json,
+        bridge_repo=bridge_repo,
     )
 
 

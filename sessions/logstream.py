@@ -23,6 +23,7 @@ LAST_ONLY_WINDOW = 1 << 20  # where a chunk's last tqdm bar is looked for (bound
 MAX_JOINED_STEP = 1 << 20
 MAX_LINE_BYTES = 16 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
 OWN_HEADER = "[verl-e2e]"  # our launcher's header lines: never evidence
+OWN_EXIT_FOOTER = OWN_HEADER + " wrapper exit code "
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][AB012]")
 EXTERNAL_PREFIX_RE = re.compile(
@@ -81,8 +82,8 @@ def normalise(raw: str) -> list[LogLine]:
         raw = RANK_PREFIX_RE.sub("", raw, count=1)
     if raw.endswith("]") and "across cluster" in raw:
         raw = REPEATED_RE.sub("", raw)
-    if raw.startswith(OWN_HEADER):
-        return []
+    if raw.startswith(OWN_HEADER):  # the launcher's exit-code footer is its own measurement, not the run's word
+        return [LogLine(source, raw.rstrip(), inner)] if raw.startswith(OWN_EXIT_FOOTER) else []
     if "\r" not in raw:
         text = raw.rstrip()
         return [LogLine(source, text, inner)] if text else []

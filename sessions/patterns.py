@@ -35,7 +35,7 @@ SCAN_NEEDLES = (
     "VISIBLE_DEVICES", "available GPUs", "No space", "KeyboardInterrupt", "NaN", "LORA", "LLM engine",
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
-    "PEFT", "ProcessGroupNCCL",
+    "PEFT", "ProcessGroupNCCL", "wrapper exit code",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -188,6 +188,8 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("ray-shutdown", "hutdown", r"[Ss]hutdown|shutting down|Shutting down", "noise"),
     _p("sigterm", "SIGTERM", r"SIGTERM", "noise"),
     # -- facts -----------------------------------------------------------------------------------------------
+    # this tool's own footer in a level's log: the wrapper's exit code, when `judge` is not told it
+    _p("tool-exit", "wrapper exit code", r"^\[verl-e2e\] wrapper exit code (-?\d+)(?:, (interrupted|timeout))?", "fact", fact="tool_exit"),
     _p("vanilla-trace", "VANILLA_MBRIDGE=", r"^\++\s+(?:export\s+)?(?:VALUE_)?VANILLA_MBRIDGE=(\S+)", "fact",
        fact="vanilla", covered_by="ANILLA_MBRIDGE"),
     _p("vanilla-override", "vanilla_mbridge", r"vanilla_mbridge['\"]?\s*[=:]\s*['\"]?(\w+)", "fact", fact="vanilla"),

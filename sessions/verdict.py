@@ -24,6 +24,7 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sessions.logstream import (
@@ -242,6 +243,7 @@ class _Judge:
         self.level = level
         self.steps_expected_arg = steps_expected
         self.exit_code = exit_code
+        self.exit_code_given = exit_code is not None
         self.termination = termination
         self.bridge_src = os.path.normpath(bridge_src) if bridge_src else None
         self.seq = 0
@@ -462,6 +464,11 @@ class _Judge:
             if path not in self.checkpoints_saved:
                 self.checkpoints_saved.append(path)
             self.key_lines["checkpoint_save"] = _shorten(text, 240)
+        elif fact == "tool_exit":
+            if not self.exit_code_given:  # the caller's values (a level run) win over the footer
+                self.exit_code = int(match.group(1))
+                self.termination = self.termination or match.group(2)
+                self.key_lines["tool_exit"] = _shorten(text, 200)
         elif fact == "save_done":
             self.key_lines["checkpoint_done"] = _shorten(text, 240)
         elif fact == "resume":
@@ -889,7 +896,8 @@ def format_verdict(verdict: Verdict) -> str:
     return "\n".join(out)
 
 
-def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any = None, as_json: bool = False) -> int:
+def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any = None, as_json: bool = False,
+                  bridge_repo: Any = None) -> int:
     """`invoke judge`: print the verdict of LOG; exit 0 Pass, 1 Fail, 3 Blocked (the run's answer, or the level's with
     --level), 2 bad invocation/unreadable log."""
     try:
@@ -904,7 +912,10 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
             raise ValueError(f"log file not found: {log}")
         if not os.path.isfile(log):  # /dev/null, a folder, a fifo: nothing a run wrote
             raise ValueError(f"--log {log} is not a regular file")
-        verdict = judge_log(log, level=level_n, steps_expected=steps_n, exit_code=exit_n)
+        # the level's Bridge criterion needs the checkout the run was meant to import (--bridge-repo, BRIDGE_REPO)
+        bridge = bridge_repo or os.environ.get("BRIDGE_REPO")
+        bridge_src = str(Path(bridge).expanduser().absolute() / "src") if bridge and level_n is not None else None
+        verdict = judge_log(log, level=level_n, steps_expected=steps_n, exit_code=exit_n, bridge_src=bridge_src)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}")
         return EXIT_BAD_USAGE

@@ -167,3 +167,48 @@ def test_a_named_cause_in_an_excerpt_gives_its_result_and_category(line, expecte
                            "(TaskRunner pid=1) Training Progress:   0%|          | 0/5 [00:09<?, ?it/s]"])
     assert (verdict.result, verdict.category) == expected, verdict.first_error
     assert line.split(": ", 1)[-1][:30] in verdict.first_error
+
+
+# A level's log as this tool writes it (lines as in the real H200 Level 0 run of 2026-11-30): our header, the
+# wrapper's trace, one step, and our exit-code footer. `invoke judge --level` on it must not need the level run.
+TOOL_LOG = [
+    "[verl-e2e] level 0 run main: cd /v && env VANILLA_MBRIDGE=False bash tests/special_e2e/run_ppo_trainer_megatron.sh",
+    "[verl-e2e] ray stop --force: exit 0",
+    "+ VANILLA_MBRIDGE=False",
+    "+ TOTAL_TRAIN_STEPS=1",
+    "(TaskRunnerV1 pid=9) step:1 - actor/entropy:6.17 - actor/pg_loss:0.01 - training/global_step:1",
+    "(TaskRunnerV1 pid=9) Training Progress: 100%|##########| 1/1 [01:02<00:00, 62.51s/it]",
+]
+
+
+def test_judge_reads_the_exit_code_from_this_tools_footer_for_the_level_criteria():
+    verdict = judge_lines([*TOOL_LOG, "[verl-e2e] wrapper exit code 0 after 370.9s"], level=0,
+                          bridge_src="/b/src")
+    assert verdict.exit_code == 0
+    assert (verdict.level_result, verdict.level_category) == ("Pass", "success")
+    without = judge_lines(TOOL_LOG, level=0, bridge_src="/b/src")
+    assert without.level_result == "Fail"
+    assert "exit code 0 (exit code not given)" in without.level_summary
+
+
+def test_footer_of_an_interrupted_run_is_interrupted_and_a_given_exit_code_wins():
+    footer = "[verl-e2e] wrapper exit code -15, interrupted after 197.4s"
+    verdict = judge_lines([*TOOL_LOG[:4], footer], level=2, bridge_src="/b/src")
+    assert (verdict.result, verdict.category, verdict.exit_code) == ("Blocked", "interrupted", -15)
+    given = judge_lines([*TOOL_LOG, "[verl-e2e] wrapper exit code 0 after 1.0s"], level=0, exit_code=1,
+                        bridge_src="/b/src")
+    assert given.exit_code == 1
+    assert given.level_result == "Fail"
+
+
+def test_judge_command_takes_the_bridge_checkout_from_the_environment(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "verl.log"
+    log.write_text("\n".join([*TOOL_LOG, "[verl-e2e] wrapper exit code 0 after 370.9s"]) + "\n")
+    monkeypatch.delenv("BRIDGE_REPO", raising=False)
+    assert judge_command(str(log), level=0, as_json=True) == 1  # the Bridge criterion is not shown
+    assert json.loads(capsys.readouterr().out)["level_result"] == "Fail"
+    monkeypatch.setenv("BRIDGE_REPO", str(tmp_path / "Megatron-Bridge"))
+    assert judge_command(str(log), level=0, as_json=True) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["level_result"] == "Pass"
+    assert f"outside {tmp_path / 'Megatron-Bridge' / 'src'}" in json.dumps(out["criteria"])
