@@ -73,7 +73,7 @@ def judge(c, log, level=None, steps=None, exit_code=None, json=False, bridge_rep
 @one_line_errors
 def report(c, run_dir):
     """Re-render a run's summary (summary.md/json, junit.xml) from what its run directory holds."""
-    from sessions.report import report_command
+    from sessions.level import report_command
 
     return report_command(run_dir)
 

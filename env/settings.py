@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# The prefix of this tool's own lines (terminal, logs): the verdict never takes them as the run's evidence.
+TOOL_PREFIX = "[verl-e2e]"
+
 
 class UsageError(Exception):
     """Bad invocation: printed as one line, exit code 2."""

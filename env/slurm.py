@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
-from env.settings import BY_NAME, SETTINGS, Resolved, UsageError, config_section, resolve
+from env.settings import BY_NAME, SETTINGS, TOOL_PREFIX, Resolved, UsageError, config_section, resolve
 
 PROJECT = Path(__file__).resolve().parent.parent
-TOOL_PREFIX = "[verl-e2e]"
 JOBS_SUBDIR = "slurm"  # under LOG_DIR: <job>.json, slurm-<job>.log, <job>.exit, batch scripts
 # Node-local places: a log there can vanish with the allocation (the procedure: use a shared FS or $HOME).
 NODE_LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/run")

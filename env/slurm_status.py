@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from env.settings import UsageError
-from env.slurm import JOBS_SUBDIR, TOOL_PREFIX
+from env.settings import TOOL_PREFIX, UsageError
+from env.slurm import JOBS_SUBDIR
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}

@@ -26,8 +26,7 @@ from typing import Any
 from env import presets
 from env.bisect_repo import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
 from env.repos import RepoError, bridge_state, verl_state
-from env.settings import Resolved, UsageError, config_section, resolve
-from sessions.launch import TOOL_PREFIX
+from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, resolve
 from sessions.level import RUN_FILE, LevelOptions, make_level_task, parse_options
 from sessions.progress import Relay
 from sessions.rundir import new_run_dir

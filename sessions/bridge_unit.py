@@ -419,7 +419,8 @@ def ensure_for_level(log_dir: Path, state: RepoState, skip: bool, extra: Sequenc
     if record is not None and _covers(record, paths, allow_missing):
         return checks_from_record(record)
 
-    from sessions.launch import TOOL_PREFIX, run_logged, secret_values
+    from env.settings import TOOL_PREFIX
+    from sessions.launch import run_logged, secret_values
 
     log_path = run_dir / "bridge_unit.log"
     argv = [sys.executable, "-m", "nox", "-f", str(NOXFILE), "-s", "bridge_unit", "--", *extra]

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from env.settings import TOOL_PREFIX
+
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "_KEY", "CREDENTIAL")
 MASK = b"***"
 GRACE_S = 20.0
-TOOL_PREFIX = "[verl-e2e]"  # our own lines in the log; the verdict never takes them as evidence
 
 
 def is_secret_name(name: str) -> bool:

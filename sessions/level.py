@@ -23,11 +23,11 @@ from env.cli import EXIT_BY_RESULT, one_line_errors, task_remainder
 from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks, status_table, timings_text
 from env.pythonpath import compose
 from env.repos import RepoError, bridge_state, verl_state
-from env.settings import Resolved, UsageError, config_section, require_writable_dir, resolve
+from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, require_writable_dir, resolve
 from sessions import level_rules, progress
 from sessions.bridge_checks import BridgeChecks, not_requested
-from sessions.launch import TOOL_PREFIX, redact_env, run_logged, secret_values
-from sessions.report import DELIVERABLES, Deliverable, overall_result, write_reports
+from sessions.launch import redact_env, run_logged, secret_values
+from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
 from sessions.rundir import new_run_dir, next_run_dir
 from sessions.verdict import Verdict
 
@@ -625,3 +625,14 @@ def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool 
         if timings:
             print(timings_text(ctx.evidence))
     return 3 if first_blocked(checks) else 0
+
+
+def report_command(run_dir: str) -> int:
+    """`invoke report RUN_DIR`: rebuild the summary from run.json and the logs, print it, exit with its code."""
+    path = Path(run_dir)
+    if not (path / "run.json").is_file():
+        raise UsageError(f"{path} is not a run directory (no run.json)")
+    summary = summarize_run_dir(path)
+    write_reports(path, summary)
+    sys.stdout.write(render_markdown(summary))
+    return EXIT_BY_RESULT[summary["result"]]

@@ -18,11 +18,13 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
+from env.settings import TOOL_PREFIX
+
 CHUNK_SIZE = 8 << 20
 LAST_ONLY_WINDOW = 1 << 20  # where a chunk's last tqdm bar is looked for (bounded: a bar-free log costs no pass)
 MAX_JOINED_STEP = 1 << 20
 MAX_LINE_BYTES = 16 << 20  # a wrapped step line longer than this is cut (keeps memory bounded)
-OWN_HEADER = "[verl-e2e]"  # our launcher's header lines: never evidence
+OWN_HEADER = TOOL_PREFIX  # our launcher's header lines: never evidence
 OWN_EXIT_FOOTER = OWN_HEADER + " wrapper exit code "
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][AB012]")

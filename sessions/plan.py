@@ -32,9 +32,8 @@ from env.bridge_surface import SurfaceError, VerlSurface, read_surface
 from env.cli import EXIT_BY_RESULT, task_remainder
 from env.plan_rules import Family, Rule
 from env.repos import RepoError, open_repo
-from env.settings import UsageError, config_section, resolve
+from env.settings import TOOL_PREFIX, UsageError, config_section, resolve
 from sessions import plan_reach
-from sessions.launch import TOOL_PREFIX
 from sessions.plan_reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.progress import Relay
 from sessions.report import DELIVERABLES, Deliverable, overall_result, render_junit

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
-from sessions.launch import TOOL_PREFIX
+from env.settings import TOOL_PREFIX
 
 VERBOSE_ENV = "VERL_E2E_VERBOSE"
 TOOL_NOTE = TOOL_PREFIX.encode()

@@ -7,12 +7,9 @@ directory, so `invoke report RUN_DIR` re-renders a run from what its directory h
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
-
-from env.settings import UsageError
 
 DELIVERABLES = (
     "Bridge-side checks",
@@ -93,17 +90,3 @@ def write_reports(run_dir: Path, summary: dict) -> None:
     (run_dir / "summary.md").write_text(render_markdown(summary))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (run_dir / "junit.xml").write_text(render_junit(summary))
-
-
-def report_command(run_dir: str) -> int:
-    """`invoke report RUN_DIR`: rebuild the summary from run.json and the logs, print it, exit with its code."""
-    from env.cli import EXIT_BY_RESULT
-    from sessions.level import summarize_run_dir
-
-    path = Path(run_dir)
-    if not (path / "run.json").is_file():
-        raise UsageError(f"{path} is not a run directory (no run.json)")
-    summary = summarize_run_dir(path)
-    write_reports(path, summary)
-    sys.stdout.write(render_markdown(summary))
-    return EXIT_BY_RESULT[summary["result"]]
