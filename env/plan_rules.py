@@ -69,6 +69,13 @@ RULES: tuple[Rule, ...] = (
                   "still builds and updates the model on the new megatron.core"),
     Rule("dependencies", 0, "Bridge's dependencies changed (pyproject.toml / uv.lock)",
          optional="verl's image provides its own packages; Level 0 shows whether the change matters there"),
+    # ---- offered, never required: the procedure leaves them to judgement (fired by sessions/plan.py)
+    Rule("moe-ep-follow-up", 2, "MoE involved: an EP=2 run stresses expert-parallel routing", variant="moe",
+         optional="the procedure asks for an expert-parallel run when expert layout, dispatcher, router replay or "
+                  "expert TP change, and keeps it a follow-up otherwise"),
+    Rule("peft-learning", 5, "PEFT changed: whether adapters still learn is shown only by a learning-signal run",
+         optional="Level 5 is for PEFT trainability; this change does not name it, so whether it matters is "
+                  "arguable"),
     # ---- Level 1: save / resume
     Rule("peft", 1, "PEFT changed: LoRA adapters must survive verl's checkpoint save and resume",
          topics=("peft", "lora", "dora", "adapter", "adapters"),

@@ -609,6 +609,12 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             add(plan_rules.BY_NAME["megatron-lm"], [f.path], [])
         elif _matches(f.path, plan_rules.DEPENDENCY_FILES):
             add(plan_rules.BY_NAME["dependencies"], [f.path], [])
+    keys = {k for k, e in fired.items() if any(not r.optional for r in e.reasons)}
+    if (4, None, "moe") in keys and (2, "moe", None) not in keys:
+        add(plan_rules.BY_NAME["moe-ep-follow-up"], fired[(4, None, "moe")].reasons[0].files, [])
+    if any(r.rule == "peft" for e in fired.values() for r in e.reasons) and not any(k[0] == 5 for k in keys):
+        peft_files = next(r.files for e in fired.values() for r in e.reasons if r.rule == "peft")
+        add(plan_rules.BY_NAME["peft-learning"], peft_files, [])
     for entry in fired.values():
         required = [r for r in entry.reasons if not r.optional]
         if not required:

@@ -243,3 +243,15 @@ def test_verl_checkout_without_bridge_imports_is_a_usage_error(tmp_path):
     verl = verl_checkout(tmp_path, {"verl/__init__.py": "import torch\n"})
     with pytest.raises(UsageError, match="imports nothing from megatron.bridge"):
         analyse(read_change(bridge, "main"), verl)
+
+
+def test_arguable_levels_are_offered_with_their_reason_not_required(tmp_path):
+    moe = plan_for(tmp_path / "a", CASES["moe"][0])
+    assert levels(moe) == ["L0", "L4:moe"]
+    assert [(e.key, e.optional) for e in moe.optional] == [
+        ("L2m", "the procedure asks for an expert-parallel run when expert layout, dispatcher, router replay or "
+                "expert TP change, and keeps it a follow-up otherwise")]
+    peft = plan_for(tmp_path / "b", CASES["peft"][0])
+    assert levels(peft) == ["L0", "L1"]
+    assert [(e.key, e.optional) for e in peft.optional] == [
+        ("L5", "Level 5 is for PEFT trainability; this change does not name it, so whether it matters is arguable")]
