@@ -216,6 +216,7 @@ FAMILIES: tuple[Family, ...] = (
 # Family-independent provider code: files directly under models/ and these folders of it.
 GENERIC_MODEL_DIRS = ("conversion", "common", "hf_pretrained", "gpt", "decorators", "mamba", "hybrid")
 GENERIC_DENSE = "Qwen/Qwen2.5-0.5B"  # the wrapper's default dense checkpoint, for family-independent code
+GENERIC_MOE = "allenai/OLMoE-1B-7B-0924"  # a small public MoE with a Bridge provider, for family-independent code
 
 # The dummy-model path (USE_DUMMY_MODEL=True): these values are merged onto the real HF config of MODEL_ID by
 # verl's scripts/init_random_model.py, giving a tiny model of the same architecture with random weights.

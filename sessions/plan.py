@@ -223,7 +223,8 @@ class ChangedUnit:
     words: dict[str, list[str]]  # subject / code: the identifiers that count
     new: bool = False
     entries: list[str] = field(default_factory=list)  # verl entry points whose calls run it
-    export_only: bool = False  # run by verl's weight export, never by its import/provider build
+    export_only: bool = False  # the nearest verl entry points that move weights all export them
+    nearest: list[str] = field(default_factory=list)  # those nearest entry points
     family: str | None = None  # the provider folder it belongs to (None: family-independent)
 
     @property
@@ -385,8 +386,10 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             cu.entries = [e.label for e, _ in hits]
             # the direction of the nearest verl entry point that moves weights one way
             directed = [(len(r.path(key)), _direction(e.label)) for e, r in hits if _direction(e.label)]
-            nearest = {d for n, d in directed if n == min(n for n, _ in directed)} if directed else set()
+            closest = min((n for n, _ in directed), default=0)
+            nearest = {d for n, d in directed if n == closest}
             cu.export_only = nearest == {"export"}
+            cu.nearest = [e.label for e, r in hits if _direction(e.label) and len(r.path(key)) == closest]
             if hits:  # the shortest path from one of verl's entry points
                 cu.path = min((r.path(key) for _, r in hits), key=len)
         units[key] = cu
@@ -543,12 +546,8 @@ def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
-    if primary is None:
-        if needs_moe:
-            return None, {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
-                          "MODEL_ID": "<org>/<a MoE checkpoint whose provider runs the changed code>",
-                          "minimal_config": dict(plan_rules.MINIMAL_DUMMY_CONFIG)}
-        return plan_rules.GENERIC_DENSE, None
+    if primary is None:  # family-independent code: any provider of the right kind runs it
+        return (plan_rules.GENERIC_MOE if needs_moe else plan_rules.GENERIC_DENSE), None
     if needs_moe:
         if primary.moe_checkpoint:
             return primary.moe_checkpoint, None
@@ -601,7 +600,7 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
         for rule in plan_rules.RULES:
             hits = _fires(rule, u)
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
-                hits = hits or [f"run by verl's {', '.join(u.entries[:3])} and by none of its import entry points"]
+                hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
             if hits:
                 add(rule, [u.file], [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
     for f in code:
@@ -634,7 +633,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     for e in entries + optional:
         e.model, e.dummy = _entry_model(e, primary)
     matched_files = {f for e in ordered for r in e.reasons for f in r.files}
-    unmatched = [f.path for f in code if f.path not in matched_files]
+    unmatched = [f.path for f in code if f.path not in matched_files and not _matches(f.path, plan_rules.BRIDGE_OWN)
+                 and f.path not in {u.file for u in units if u.tier == "none"}]
     notes = []
     outside = sorted({u.file for u in units if u.tier == "none"})
     if outside:

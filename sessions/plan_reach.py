@@ -722,6 +722,8 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
                 # `not is_modelopt_linear(m)`: what the change is not about
                 negated = {id(x) for u in ast.walk(n.test) if isinstance(u, ast.UnaryOp) and isinstance(u.op, ast.Not)
                            for x in ast.walk(u.operand)}
+                negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
+                            and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
                 names = _names_in(n.test, skip | negated, strings=True)
                 if test_lines & lines:
                     ev.guards += names  # an edited condition: compared with the old one by the caller

@@ -255,3 +255,14 @@ def test_arguable_levels_are_offered_with_their_reason_not_required(tmp_path):
     assert levels(peft) == ["L0", "L1"]
     assert [(e.key, e.optional) for e in peft.optional] == [
         ("L5", "Level 5 is for PEFT trainability; this change does not name it, so whether it matters is arguable")]
+
+
+def test_family_independent_export_code_with_its_reason_and_models(tmp_path):
+    # gather_from_ep_ranks in shared conversion code: verl's export reaches it first; no family changed, so any
+    # small MoE with a Bridge provider runs the MoE levels
+    plan = plan_for(tmp_path, CASES["expert-parallel"][0])
+    assert [(e.key, e.model) for e in plan.entries] == [
+        ("L0", "Qwen/Qwen2.5-0.5B"), ("L1", "Qwen/Qwen2.5-0.5B"), ("L2m", "allenai/OLMoE-1B-7B-0924"),
+        ("L4:moe", "allenai/OLMoE-1B-7B-0924")]
+    assert reason_units(plan, "hf-export")[0]["matched"] == [
+        "the nearest verl calls that move weights export them: AutoBridge.export_hf_weights"]
