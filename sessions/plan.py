@@ -503,6 +503,13 @@ def family_for(path: str) -> Family | None:
                   "verl's dummy-model path with a minimal config of this architecture")
 
 
+def _is_vlm_family(path: str) -> bool:
+    """A provider family whose models see images (the family table says so, or its folder is named so)."""
+    fam = family_for(path)
+    folder = _family_folder(path) or ""
+    return bool(fam and fam.vlm) or bool({"vl", "vlm", "omni"} & set(plan_reach.words_of(folder)))
+
+
 def _architectures(path: Path) -> list[str]:
     """HF architectures a bridge registers (`register_bridge(source="XForCausalLM", ...)`), for a dummy config."""
     try:
@@ -599,6 +606,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             add(plan_rules.BY_NAME["verl-runs-it"], [u.file], [{**u.to_json(), "matched": []}])
         for rule in plan_rules.RULES:
             hits = _fires(rule, u)
+            if rule.name == "vlm" and u.tier in ("calls", "api") and u.family and _is_vlm_family(u.file):
+                hits = hits or [f"{u.family} is a vision-language provider family"]
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
             if hits:

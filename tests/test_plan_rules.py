@@ -266,3 +266,22 @@ def test_family_independent_export_code_with_its_reason_and_models(tmp_path):
         ("L4:moe", "allenai/OLMoE-1B-7B-0924")]
     assert reason_units(plan, "hf-export")[0]["matched"] == [
         "the nearest verl calls that move weights export them: AutoBridge.export_hf_weights"]
+
+
+def test_change_to_a_vision_language_family_involves_vlm(tmp_path):
+    # a language-side fix (no vision name in it) in a VL family's own code still needs the multimodal check
+    base = dict(BRIDGE_BASE)
+    base[B + "models/qwen_vl/__init__.py"] = ""
+    base[B + "models/qwen_vl/qwen3_vl_bridge.py"] = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='Qwen3VLForConditionalGeneration')\n"
+        "class Qwen3TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return hf_config\n")
+    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
+                                      + "from megatron.bridge.models.qwen_vl.qwen3_vl_bridge import Qwen3TowerBridge\n")
+    change = {B + "models/qwen_vl/qwen3_vl_bridge.py": base[B + "models/qwen_vl/qwen3_vl_bridge.py"].replace(
+        "return hf_config", "hf_config.rope_theta = 1.0\n        return hf_config")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert [(e.key, e.model) for e in plan.entries] == [("L0", "Qwen/Qwen3-VL-2B-Instruct"),
+                                                        ("L4:vlm", "Qwen/Qwen3-VL-2B-Instruct")]
+    assert reason_units(plan, "vlm")[0]["matched"] == ["qwen_vl is a vision-language provider family"]
