@@ -140,9 +140,16 @@ def main() -> int:
                 for ln in shown:
                     print(f"    {ln}")
     finally:
-        if head is not None:
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(30)
+        if head is not None:  # only our own head: its process group
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(head.pid, sig)
+                    head.wait(30)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
