@@ -98,7 +98,9 @@ def test_level1_each_series_gets_a_new_checkpoint_dir_and_removes_it_by_default(
 def test_level1_fails_when_b_resumes_from_nothing(workspace):
     run_dir, md, summary = run(workspace, "level1", env={"FIXTURE_FAKE_RESUME": "1"}, expect=1)
     run_d = deliverable(summary, "verl Megatron backend run")  # both runs completed: only the variant fails
-    assert run_d["status"] == "Pass" and "run A: 1/1 step(s)" in run_d["detail"] and "run B: 2/2" in run_d["detail"]
+    assert run_d["status"] == "Pass"
+    assert "run A: run Pass (1/1 step(s) completed, exit 0)" in run_d["detail"]
+    assert "run B: run Pass (2/2 step(s) completed, exit 0)" in run_d["detail"]
     variant = deliverable(summary, "Requested variants")
     assert variant["status"] == "Fail"
     assert "no-such-series/global_step_1" in variant["detail"]
