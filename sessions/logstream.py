@@ -144,7 +144,7 @@ def join_wrapped(lines: Iterable[str]) -> Iterator[str]:
 class NeedleMatcher:
     """Finds the lines of a byte buffer that hold any of a fixed set of literal needles, in one pass.
 
-    With Hyperscan (the optional `hyperscan` package: SIMD multi-literal search, one pass over the buffer whatever
+    With Hyperscan (the `hyperscan` dependency where it has wheels: SIMD multi-literal search, one pass over the buffer whatever
     the number of needles) the scan costs about what `grep -E` costs; without it, one C-level `bytes.find` pass per
     needle (same lines found, slower on very large logs).
     """
