@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from env.pythonpath import ImportProbe
     from env.repos import RepoState
     from env.settings import Resolved
 
@@ -112,6 +111,19 @@ class RunContext:
 CheckFn = Callable[[RunContext], Iterable[Check]]
 
 
-def override_key(override: str) -> str:
-    """`++a.b=c` / `+a.b=c` / `a.b=c` -> `a.b` (Hydra's key of an override)."""
-    return override.lstrip("+~").split("=", 1)[0]
+@dataclass
+class ImportProbe:
+    python: str
+    raw: dict
+
+    def file_of(self, module: str) -> str | None:
+        return self.raw.get(module, {}).get("file")
+
+    def error_of(self, module: str) -> str | None:
+        return self.raw.get(module, {}).get("error")
+
+    def present(self, module: str) -> bool:
+        return bool(self.raw.get("present", {}).get(module))
+
+    def import_result(self, module: str) -> dict:
+        return self.raw.get("imports", {}).get(module, {})

@@ -16,14 +16,13 @@ from pathlib import Path
 from data.gsm8k import validate_parquet
 from data.models import check_download_model, checkpoint_problem
 from env import presets, probe_cache
-from env.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, RunContext
+from env.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, ImportProbe, RunContext
 from env.gpus import detect_gpus
 from env.modelopt import PACKAGE as MODELOPT_PACKAGE
 from env.modelopt import check_container_setup
 from env.pythonpath import (
     APEX_FUSED,
     FLASH_ATTN_MODULES,
-    ImportProbe,
     ProbeError,
     bridge_modelopt_imports,
     is_under,

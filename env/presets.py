@@ -11,7 +11,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env.checks import override_key
+
+def override_key(override: str) -> str:
+    """`++a.b=c` / `+a.b=c` / `a.b=c` -> `a.b` (Hydra's key of an override)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
 
 WRAPPER = "tests/special_e2e/run_ppo_trainer_megatron.sh"
 

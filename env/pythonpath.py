@@ -13,10 +13,10 @@ import json
 import os
 import re
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from env.checks import ImportProbe
 from env.repos import MEGATRON_LM
 
 if TYPE_CHECKING:
@@ -138,23 +138,6 @@ def bridge_modelopt_imports(bridge_repo: Path) -> list[str]:
     path = Path(bridge_repo) / "src" / "megatron" / "bridge" / "training" / "checkpointing.py"
     return imported_modules([path], "modelopt")
 
-
-@dataclass
-class ImportProbe:
-    python: str
-    raw: dict
-
-    def file_of(self, module: str) -> str | None:
-        return self.raw.get(module, {}).get("file")
-
-    def error_of(self, module: str) -> str | None:
-        return self.raw.get(module, {}).get("error")
-
-    def present(self, module: str) -> bool:
-        return bool(self.raw.get("present", {}).get(module))
-
-    def import_result(self, module: str) -> dict:
-        return self.raw.get("imports", {}).get(module, {})
 
 
 class ProbeError(Exception):
