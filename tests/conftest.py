@@ -80,7 +80,10 @@ def workspace(_templates, tmp_path) -> Workspace:
                    reward_model=root / "models" / "Skywork" / "Skywork-Reward-V2-Llama-3.2-1B",
                    log_dir=root / "logs", home=home)
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("BRIDGE_", "VERL_", "MODEL_", "FIXTURE_", "RAY_", "ROCR_", "CUDA_VISIBLE"))}
+           if not k.startswith(("BRIDGE_", "VERL_", "MODEL_", "FIXTURE_", "RAY_", "ROCR_", "CUDA_VISIBLE"))
+           # nox's uv backend exports its own project environment: a user's shell has none (the uv launcher
+           # would otherwise probe nox's venv instead of VERL_REPO/.venv)
+           and k != "UV_PROJECT_ENVIRONMENT"}
     env.update(
         HOME=str(home), BRIDGE_REPO=str(ws.bridge), VERL_REPO=str(ws.verl), MODEL_ID="Qwen/Qwen2.5-0.5B",
         MODEL_PATH=str(ws.model), RM_MODEL_PATH=str(ws.reward_model), TRAIN_FILES=str(ws.data / "train.parquet"),
