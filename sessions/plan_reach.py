@@ -374,11 +374,8 @@ class BridgeIndex:
         """The AST nodes that belong to this unit (not to its own methods/classes/functions), minus annotations."""
         out: list[ast.AST] = []
         node = unit.node
-        if unit.kind == "module":
-            roots = [s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-        elif unit.kind == "class":
-            roots = [*node.bases, *node.keywords, *node.decorator_list]
-            roots += [s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        if unit.kind in ("module", "class"):
+            roots = _own_roots(unit)
         else:
             roots = [*node.decorator_list, *node.args.defaults, *[d for d in node.args.kw_defaults if d], *node.body]
         stack = list(roots)
@@ -732,16 +729,19 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
     return ev
 
 
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _own_roots(unit: Unit) -> list[ast.AST]:
+    """A module's or class's own code: its statements that are not defs (a class: also bases, keywords, decorators)."""
+    node = unit.node
+    body = [s for s in node.body if not isinstance(s, _DEFS)]
+    return body if unit.kind == "module" else [*node.bases, *node.keywords, *node.decorator_list, *body]
+
+
 def _unit_nodes(unit: Unit) -> list[ast.AST]:
     """The nodes of a unit's own code (a method's code is not its class's, a function's not its module's)."""
-    node = unit.node
-    if unit.kind == "module":
-        roots = [s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    elif unit.kind == "class":
-        roots = [*node.bases, *node.keywords, *node.decorator_list]
-        roots += [s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    else:
-        roots = [node]
+    roots = _own_roots(unit) if unit.kind in ("module", "class") else [unit.node]
     out = []
     for r in roots:
         out.extend(ast.walk(r))
