@@ -12,7 +12,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-import git
+from tests.fixtures.repos import _init  # one way to start a fixture repo
 
 B = "src/megatron/bridge/"
 
@@ -269,14 +269,6 @@ def _write(root: Path, files: dict[str, str | None]) -> None:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip("\n"))
-
-
-def _init(path: Path) -> git.Repo:
-    repo = git.Repo.init(path, initial_branch="main")
-    with repo.config_writer() as cw:
-        cw.set_value("user", "name", "Fixture Dev")
-        cw.set_value("user", "email", "dev@example.com")
-    return repo
 
 
 def verl_checkout(root: Path, files: dict[str, str] | None = None) -> Path:
