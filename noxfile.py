@@ -41,7 +41,7 @@ def bridge_unit(session: nox.Session) -> None:
     exist at this commit, e.g. `nox -s bridge_unit -- tests/unit_tests/models/qwen/test_qwen3_provider.py`.
     The record (Bridge commit + dirty files, counts, junit, command) goes under $LOG_DIR/bridge_unit/records.
     """
-    from sessions.bridge_unit import nox_session
+    from sessions.bridge_unit.session import nox_session
 
     nox_session(session)
 
@@ -53,6 +53,6 @@ def verl(session: nox.Session) -> None:
     Installs nvidia-modelopt only when missing, then runs the invoke task given after `--`,
     e.g. `nox -s verl -- level0 --model Qwen/Qwen2.5-0.5B` (VERL_USE_UV=0: nothing of the image is reinstalled).
     """
-    from sessions.verl_env import nox_session
+    from env.launchers.image import nox_session
 
     nox_session(session)

@@ -6,12 +6,12 @@ Level exit codes: 0 Pass, 1 Fail, 3 Blocked, 2 bad invocation.
 
 from invoke import task
 
-from env.cli import install_parse_error_exit_code, one_line_errors
-from sessions.level import make_level_task
+from env.protocol.cli import install_parse_error_exit_code, one_line_errors
+from sessions.run.level import make_level_task
 
 install_parse_error_exit_code()
 
-# One task per coverage level; they differ only by their preset row and flags (env/presets.py, sessions/level.py).
+# One task per coverage level; they differ only by their preset row and flags (env/presets.py, sessions/run/level.py).
 level0 = make_level_task(0)
 level1 = make_level_task(1)
 level2 = make_level_task(2)
@@ -36,7 +36,7 @@ level5 = make_level_task(5)
 def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None, level=0, json=False, timings=False,
            fresh_probe=False):
     """Run every preflight check as a ✔/✘ table, without starting verl."""
-    from sessions.level import doctor_command
+    from sessions.run.level import doctor_command
 
     return doctor_command(
         c, dict(bridge_repo=bridge_repo, verl_repo=verl_repo, ray_address=ray_address, num_gpus=num_gpus),
@@ -57,7 +57,7 @@ def doctor(c, bridge_repo=None, verl_repo=None, ray_address=None, num_gpus=None,
 @one_line_errors
 def judge(c, log, level=None, steps=None, exit_code=None, json=False, bridge_repo=None):
     """Judge a verl log: the run's Pass / Fail / Blocked (category, first error, hint); with --level, the level's."""
-    from sessions.verdict import judge_command
+    from sessions.judge.verdict import judge_command
 
     return judge_command(
         log,
@@ -73,7 +73,7 @@ def judge(c, log, level=None, steps=None, exit_code=None, json=False, bridge_rep
 @one_line_errors
 def report(c, run_dir):
     """Re-render a run's summary (summary.md/json, junit.xml) from what its run directory holds."""
-    from sessions.level import report_command
+    from sessions.run.level import report_command
 
     return report_command(run_dir)
 
@@ -102,8 +102,8 @@ def remote(c, host, remote_root=None, bridge_path=None, verl_path=None, tool_pat
     Usage: invoke remote --host gpu01 level1 --model ORG/NAME [-- hydra overrides]. Streams the output, exits
     with the task's code (3 when the host cannot be reached), and copies the run directory into the local LOG_DIR.
     """
-    from env.cli import forwarded_args, task_remainder
-    from env.remote import remote_task
+    from env.launchers.remote import remote_task
+    from env.protocol.cli import forwarded_args, task_remainder
 
     return remote_task(
         host=host, forwarded=forwarded_args("remote"), remainder=task_remainder(c), remote_root=remote_root,
@@ -138,9 +138,9 @@ def slurm(c, image=None, partition=None, gpus=None, cpus=None, time=None, srun_a
     """
     import shlex
 
-    from env.cli import forwarded_args, task_remainder
+    from env.launchers.slurm import SlurmOptions, slurm_command
+    from env.protocol.cli import forwarded_args, task_remainder
     from env.settings import UsageError
-    from env.slurm import SlurmOptions, slurm_command
 
     try:
         remainder = task_remainder(c)
@@ -170,8 +170,8 @@ def slurm_status(c, job, log_dir=None, json=False):
     """
     from pathlib import Path
 
+    from env.launchers.slurm_status import status_command
     from env.settings import config_section, resolve
-    from env.slurm_status import status_command
 
     settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
     return status_command(str(job), Path(settings.log_dir), as_json=json)
@@ -190,8 +190,8 @@ def slurm_logs(c, job, log_dir=None, follow=False):
     """Print a detached job's log (from $LOG_DIR/slurm/), optionally following it to the end."""
     from pathlib import Path
 
+    from env.launchers.slurm_status import logs_command
     from env.settings import config_section, resolve
-    from env.slurm_status import logs_command
 
     settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
     return logs_command(str(job), Path(settings.log_dir), follow=follow)
@@ -233,7 +233,7 @@ def plan(c, base=None, run=False, model=None, keep_going=False, json=False, dry_
     dummy-model path). Extra Hydra overrides
     after `--` go to every level. With --run, exit 0 Pass, 1 Fail, 3 Blocked (the combined result).
     """
-    from sessions.plan import plan_command
+    from sessions.plan.planner import plan_command
 
     flags = dict(model=model, bridge_repo=bridge_repo, verl_repo=verl_repo, log_dir=log_dir, num_gpus=num_gpus,
                  model_path=model_path, skip_bridge_checks=skip_bridge_checks, bridge_tests=bridge_tests,
@@ -265,8 +265,8 @@ def bisect(c, good=None, bad=None, repo="bridge", max_steps=None, on=None, stash
     The branch, commit, submodules and stash are restored on success, failure and Ctrl-C. Report in
     $LOG_DIR/<utc>-bisect-level<N>-<model>/. Exit 0 found, 3 ambiguous or stopped (candidates listed), 2 bad usage.
     """
-    from env.cli import forwarded_args, task_remainder
-    from sessions.bisect import bisect_command
+    from env.protocol.cli import forwarded_args, task_remainder
+    from sessions.bisect.driver import bisect_command
 
     return bisect_command(c, good=good, bad=bad, repo=repo, max_steps=max_steps, on=on, stash=stash,
                           task_line=forwarded_args("bisect"), remainder=task_remainder(c))
@@ -328,7 +328,7 @@ def install_modelopt(c, python=None, index_url=None, log_dir=None, dry_run=False
     """`pip show nvidia-modelopt`, else install it from the extra index; recorded as container-setup evidence."""
     import os
 
-    from env.modelopt import install_command
+    from env.preflight.modelopt import install_command
     from env.settings import config_section, resolve
 
     settings = resolve(dict(python=python, modelopt_index_url=index_url, log_dir=log_dir), os.environ,

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from env.bisect_repo import BisectCheckout  # noqa: E402
 from env.repos import bridge_state  # noqa: E402
-from sessions import bisect as bisect_mod  # noqa: E402
-from sessions.bisect import Bisection, LevelRunner, Options, parse_level_line, parse_rules  # noqa: E402
+from sessions.bisect import driver as bisect_mod  # noqa: E402
+from sessions.bisect.checkout import BisectCheckout  # noqa: E402
+from sessions.bisect.driver import Bisection, LevelRunner, Options, parse_level_line, parse_rules  # noqa: E402
 
 
 def git(repo: Path, *args: str) -> str:

@@ -128,7 +128,7 @@ def main() -> int:
     if not invoke:
         print("error: invoke not found next to this Python or on PATH")
         return 2
-    from sessions.verdict import scan_matcher
+    from sessions.judge.verdict import scan_matcher
 
     print(f"prefilter: {scan_matcher().engine}; grep pattern: {GREP_PATTERN!r}")
     answers, ok = {}, True

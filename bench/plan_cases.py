@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from env.settings import UsageError  # noqa: E402
-from sessions.plan import analyse, read_change, recommend  # noqa: E402
+from sessions.plan.planner import analyse, read_change, recommend  # noqa: E402
 
 FEATURE_KEYS = {"custom-layer": "custom", "quantized": "quant"}
 

@@ -3,7 +3,7 @@
 Usage: python bench/progress.py [LOG ...]   (default: every *.log in ../shared/real-logs)
        python bench/progress.py --cost LOG [--mb 256]
 
-For each log: the log is fed to the level's display (sessions/progress.py, plain-line mode, as in CI or a Slurm
+For each log: the log is fed to the level's display (sessions/run/progress.py, plain-line mode, as in CI or a Slurm
 file) in 64 KiB chunks, as the launcher would; prints the log's line count, how many status lines a user would see,
 the phases in order and the final step N/M. --cost replays LOG repeated up to --mb MiB through (a) the plain tee
 the launcher did before (write to /dev/null) and (b) the status display, and prints CPU seconds and MiB/s of each.
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sessions import progress  # noqa: E402
-from sessions.verdict import LiveJudge  # noqa: E402
+from sessions.judge.verdict import LiveJudge  # noqa: E402
+from sessions.run import progress
 
 CHUNK = 64 << 10
 REAL_LOGS = Path(__file__).resolve().parent.parent.parent / "shared" / "real-logs"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from env.remote_host import RemoteHost  # noqa: E402
-from env.sync import RSYNC_BYTES, apply_plan, local_trees, make_plan  # noqa: E402
+from env.launchers.remote_host import RemoteHost  # noqa: E402
+from env.launchers.sync import RSYNC_BYTES, apply_plan, local_trees, make_plan  # noqa: E402
 from tests.sshd import DIRECT_ALIAS, sshd_available, start_sshd  # noqa: E402
 
 

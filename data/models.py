@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from env.checks import BLOCKED, OK, SKIPPED, Check
+from env.preflight.checks import BLOCKED, OK, SKIPPED, Check
 from env.settings import Resolved
 
 if TYPE_CHECKING:
-    from env.checks import RunContext
+    from env.preflight.checks import RunContext
 
 REWARD_MODEL_ID = "Skywork/Skywork-Reward-V2-Llama-3.2-1B"  # the wrapper's default reward model
 MARKER = ".verl_e2e_download.json"  # written after a complete snapshot

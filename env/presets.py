@@ -1,7 +1,7 @@
 """Levels are data: one table says what each level sets (SPEC "Levels"; the procedure's values are the contract).
 
 A level has one or more wrapper runs (level 1 has two), optional variants (level 2), extra Hydra overrides (level 3)
-and the deliverable text it claims when it passes. The runner (`sessions/level.py`) merges BASE, the level's env,
+and the deliverable text it claims when it passes. The runner (`sessions/run/level.py`) merges BASE, the level's env,
 the variant's env and the run's env, in that order; no level has its own code path.
 """
 

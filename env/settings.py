@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# This checkout's root: the tool syncs, mounts and re-invokes itself from here.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 # The prefix of this tool's own lines (terminal, logs): the verdict never takes them as the run's evidence.
 TOOL_PREFIX = "[verl-e2e]"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import git
 import pytest
 
-from env.remote import remote_task
+from env.launchers.remote import remote_task
 from tests.sshd import DIRECT_ALIAS, REQUIRE_ENV, Sshd, sshd_available, sshd_required, start_sshd
 
 ACTOR = git.Actor("Test", "test@example.com")

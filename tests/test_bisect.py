@@ -244,7 +244,7 @@ def test_max_steps_stops_with_the_remaining_range_and_restores_the_stash(workspa
 
 def test_a_failure_mid_bisection_restores_the_checkout_and_says_why(workspace, history, monkeypatch, capsys):
     """Whatever breaks inside the loop (here the level cannot be started at all), the user's state comes back."""
-    from sessions import bisect as bisect_mod
+    from sessions.bisect import driver as bisect_mod
 
     ws = workspace
     (ws.bridge / "README.local").write_text("my notes\n")
@@ -358,7 +358,7 @@ def test_a_bisection_already_in_progress_is_left_alone(workspace, history):
 
 def test_slurm_runs_the_whole_bisection_as_one_step(workspace, history):
     """`invoke slurm ... bisect ...`: one allocation, the bisection (and every level it runs) inside the step."""
-    from env.slurm import SlurmOptions, plan
+    from env.launchers.slurm import SlurmOptions, plan
 
     line = ["bisect", "--good", history.good, "--max-steps", "4", "level0", "--skip-bridge-checks", "--", "a=b"]
     step = plan(SlurmOptions(task_line=line, image="verlai/verl:vllm017.latest", dry_run=True,

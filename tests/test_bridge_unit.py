@@ -16,8 +16,8 @@ import git
 import pytest
 
 from env.repos import bridge_state
-from sessions.bridge_checks import find_record, records_dir
-from sessions.bridge_unit import check_paths, environment_gap, junit_counts
+from sessions.bridge_unit.records import find_record, records_dir
+from sessions.bridge_unit.session import check_paths, environment_gap, junit_counts
 from tests.conftest import PROJECT
 
 MIXIN = "tests/unit_tests/models/test_model_provider_mixin.py"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from env.cli import split_forwarded
+from env.protocol.cli import split_forwarded
 from env.settings import UsageError, resolve
-from sessions.launch import Redactor, run_logged
+from sessions.run.launch import Redactor, run_logged
 
 
 def test_settings_precedence_flag_env_config_default(tmp_path):

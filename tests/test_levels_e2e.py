@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sessions import level_rules
-from sessions.level_rules import TRACKER_FILE
+from sessions.run import level_rules
+from sessions.run.level_rules import TRACKER_FILE
 from tests.conftest import deliverable, only_run_dir, summary_of
 
 EXP = "qwen2.5-0.5b-megatron-gsm8k-minimal"

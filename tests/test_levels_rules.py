@@ -8,8 +8,9 @@ import random
 import pytest
 
 from env.settings import UsageError
-from sessions import level_rules, metrics
-from sessions.verdict import Verdict, judge_log
+from sessions.judge import metrics
+from sessions.judge.verdict import Verdict, judge_log
+from sessions.run import level_rules
 
 SERIES = "/runs/20261129T000000Z-level1-Qwen2.5-0.5B/checkpoints"
 
@@ -255,7 +256,7 @@ def test_csv_round_trip_keeps_nan_and_missing_cells(tmp_path):
 
 
 def test_plot_overlays_the_baseline(tmp_path):
-    from sessions import plots
+    from sessions.run import plots
 
     alone = plots.plot_metrics(tmp_path / "alone.png", run_metrics()).read_bytes()
     overlaid = plots.plot_metrics(tmp_path / "over.png", run_metrics(), baseline=run_metrics(trend=0.0)).read_bytes()

@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
-from env.modelopt import check_container_setup
+from env.preflight.modelopt import check_container_setup
 from env.settings import resolve
-from sessions.level import LevelOptions, build_context
+from sessions.run.level import LevelOptions, build_context
 from tests import local_index
 from tests.local_index import VERSION
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import git
 
-from sessions.plan import analyse, read_change, recommend
+from sessions.plan.planner import analyse, read_change, recommend
 
 SRC = "src/megatron/bridge/"
 

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from sessions.plan import analyse, read_change, recommend
+from sessions.plan.planner import analyse, read_change, recommend
 from tests.plan_fixtures import BRIDGE_BASE, B, bridge_history, edit, verl_checkout
 
 

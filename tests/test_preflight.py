@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from env.checks import BLOCKED, OK, WARN
-from env.preflight import first_blocked, run_checks
+from env.preflight.checklist import first_blocked, run_checks
+from env.preflight.checks import BLOCKED, OK, WARN
 from env.settings import resolve
-from sessions.level import LevelOptions, build_context
+from sessions.run.level import LevelOptions, build_context
 
 ACTOR_FUSED = "++actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused"
 REF_FUSED = "++actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend=fused"

@@ -18,8 +18,8 @@ import termios
 import time
 from pathlib import Path
 
-from sessions import progress
-from sessions.launch import run_logged
+from sessions.run import progress
+from sessions.run.launch import run_logged
 from tests.conftest import PROJECT, only_run_dir
 
 CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
@@ -174,7 +174,7 @@ def test_failing_run_shows_first_error_hint_and_the_last_20_lines_before_the_res
 def test_verbose_variable_makes_the_launcher_echo_every_byte(tmp_path):
     script = tmp_path / "w.sh"
     script.write_text("echo one; printf 'a\\rb\\n'; echo two >&2\n")
-    code = (f"import sys; from pathlib import Path; from sessions.launch import run_logged\n"
+    code = (f"import sys; from pathlib import Path; from sessions.run.launch import run_logged\n"
             f"p = Path({str(tmp_path / 'log')!r})\n"
             f"with open(p, 'wb') as log: run_logged(['bash', {str(script)!r}], cwd=p.parent, env={{}}, log=log, "
             f"log_path=p)\n")
@@ -229,7 +229,7 @@ def test_relay_redraws_child_status_lines_on_a_terminal_and_passes_through_elsew
              b"[verl-e2e] note in between\n",
              b"[verl-e2e] status: verl \xc2\xb7 training \xc2\xb7 step 2/2 \xc2\xb7 /r \xc2\xb7 ended: exit 0\n",
              b"Result: Pass - done\n"]
-    code = ("import sys, time; from sessions.progress import Relay\nr = Relay()\n"
+    code = ("import sys, time; from sessions.run.progress import Relay\nr = Relay()\n"
             f"for chunk in {lines!r}:\n    r.write(chunk[:5]); r.write(chunk[5:]); r.flush(); time.sleep(0.3)\n"
             "r.close()\n")
     piped = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True)

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import ray
 
-from env.preflight import BLOCKED, OK, SKIPPED
-from env.ray_probe import _driver_pythonpath, check_ray_worker, probe_ray_worker
+from env.preflight.checklist import BLOCKED, OK, SKIPPED
+from env.preflight.ray_probe import _driver_pythonpath, check_ray_worker, probe_ray_worker
 from env.settings import resolve
-from sessions.level import LevelOptions, build_context
+from sessions.run.level import LevelOptions, build_context
 from tests import local_index
 
 RAY = Path(sys.executable).parent / "ray"

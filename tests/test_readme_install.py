@@ -64,7 +64,7 @@ def test_pip_resolution_is_what_the_code_was_checked_on(readme_venv):
     probe = ("import importlib.metadata as m, json; print(json.dumps({d: m.version(d) for d in "
              "('invoke', 'fabric', 'uv', 'matplotlib')}))")
     versions = json.loads(_ok(_run(readme_venv, dict(os.environ), "python", "-c", probe)))
-    assert versions["invoke"].split(".")[0] in ("2", "3"), versions  # env/cli.py hooks invoke 2.2 and 3.x
+    assert versions["invoke"].split(".")[0] in ("2", "3"), versions  # env/protocol/cli.py hooks invoke 2.2 and 3.x
     assert _ok(_run(readme_venv, dict(os.environ), "uv", "--version")).startswith("uv ")
 
 

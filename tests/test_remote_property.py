@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from env.remote_host import RemoteHost
-from env.sync import SyncRefused, apply_plan, local_trees, make_plan
+from env.launchers.remote_host import RemoteHost
+from env.launchers.sync import SyncRefused, apply_plan, local_trees, make_plan
 from tests.remote_fixtures import ACTOR, sshd, tree_snapshot, write  # noqa: F401
 from tests.sshd import DIRECT_ALIAS
 

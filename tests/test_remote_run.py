@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from env.remote_host import parse_host
+from env.launchers.remote_host import parse_host
 from env.settings import UsageError
 from tests import local_index
 from tests.remote_fixtures import REMOTE_PYTHON, Trees, need_sshd, sshd  # noqa: F401
@@ -69,7 +69,7 @@ def _alive(pid: int) -> bool:
 def _start_sleepy(trees: Trees, tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     pids_file = tmp_path / "remote-pids"
     driver = (
-        "import sys; from pathlib import Path; from env.remote import remote_task\n"
+        "import sys; from pathlib import Path; from env.launchers.remote import remote_task\n"
         f"sys.exit(remote_task(host={DIRECT_ALIAS!r}, forwarded=['sleepy', '--pids', {str(pids_file)!r}],"
         f" remote_root={str(trees.remote_root)!r}, ssh_config={str(trees.sshd.ssh_config)!r},"
         f" remote_python={REMOTE_PYTHON!r}, tool_repo=Path({str(trees.tool)!r}), grace_s=3))\n"

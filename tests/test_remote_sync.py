@@ -182,13 +182,13 @@ def test_paths_with_spaces_and_quotes(tmp_path, sshd, monkeypatch):  # noqa: F81
 
 def test_a_sync_interrupted_before_rsync_is_not_a_conflict_next_time(trees, monkeypatch):
     """The manifest is written before rsync; if rsync never ran, the next sync writes again without --force."""
-    import env.sync
+    import env.launchers.sync
 
     assert trees.sync() == 0
     write(trees.bridge / "src/megatron/bridge/models/provider.py", "first attempt\n")
 
     def rsync_dies(*args, **kwargs):
-        raise env.sync.TransferFailed("rsync to host failed (12): connection unexpectedly closed")
+        raise env.launchers.sync.TransferFailed("rsync to host failed (12): connection unexpectedly closed")
 
     monkeypatch.setattr(env.sync, "rsync_files", rsync_dies)
     assert trees.sync() == 3  # Blocked, one line

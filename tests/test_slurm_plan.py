@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from env.launchers.slurm import PROJECT, SlurmOptions, check_image, image_engine, plan
 from env.settings import BY_NAME, UsageError
-from env.slurm import PROJECT, SlurmOptions, check_image, image_engine, plan
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]  # this checkout, said without the code under test
 

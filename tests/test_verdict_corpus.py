@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sessions.patterns import CATEGORY_HINTS
-from sessions.verdict import CATEGORIES, PHASES, RESULTS, judge_lines, judge_log
+from sessions.judge.patterns import CATEGORY_HINTS
+from sessions.judge.verdict import CATEGORIES, PHASES, RESULTS, judge_lines, judge_log
 
 LOGS = Path(__file__).parent / "logs"
 EXPECTED = json.loads((LOGS / "expected.json").read_text(encoding="utf-8"))

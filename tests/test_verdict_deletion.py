@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.verdict import judge_log
+from sessions.judge.verdict import judge_log
 from tests.test_real_logs import REAL_LOGS, index_rows
 
 CORPUS = Path(__file__).parent / "logs"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sessions import patterns
-from sessions.logstream import join_wrapped, normalise, scan_file
-from sessions.verdict import ALL_NEEDLES, judge_command, judge_lines, judge_log, parse_metrics
+from sessions.judge import patterns
+from sessions.judge.logstream import join_wrapped, normalise, scan_file
+from sessions.judge.verdict import ALL_NEEDLES, judge_command, judge_lines, judge_log, parse_metrics
 
 
 def test_normalise_strips_ansi_nested_prefixes_repeated_and_timestamps():
@@ -44,7 +44,7 @@ def test_every_pattern_is_reachable_through_the_prefilter():
 
 
 def test_categories_have_hints_and_follow_ups():
-    from sessions.verdict import CATEGORIES
+    from sessions.judge.verdict import CATEGORIES
 
     assert set(patterns.FOLLOW_UPS) == set(CATEGORIES)
     assert all(patterns.CATEGORY_HINTS[c] for c in CATEGORIES if c != "success")
@@ -118,8 +118,8 @@ def test_judge_command_exit_codes_and_unreadable_log(tmp_path, capsys):
 
 def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
     """Hyperscan (when installed) and the bytes.find fallback hand the judge the same lines: same verdicts."""
-    from sessions.logstream import NeedleMatcher
-    from sessions.verdict import SCAN_NEEDLES_BYTES, scan_matcher
+    from sessions.judge.logstream import NeedleMatcher
+    from sessions.judge.verdict import SCAN_NEEDLES_BYTES, scan_matcher
     from tests.test_real_logs import REAL_LOGS
 
     plain = NeedleMatcher(SCAN_NEEDLES_BYTES, use_hyperscan=False)
@@ -132,7 +132,7 @@ def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
 
 
 def test_a_giant_line_without_newline_is_read_in_pieces(tmp_path):
-    from sessions import logstream
+    from sessions.judge import logstream
 
     path = tmp_path / "giant.log"
     path.write_bytes(b"x" * (3 << 20) + b" RuntimeError: deep inside " + b"y" * (3 << 20) + b"\n")

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.logstream import (
+from sessions.judge.logstream import (
     LogLine,
     NeedleMatcher,
     ScanStats,
@@ -36,7 +36,7 @@ from sessions.logstream import (
     scan_file,
     step_line_match,
 )
-from sessions.patterns import (
+from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CATEGORY_HINTS,
     COMPLETE_BAR_NEEDLE,
@@ -928,7 +928,7 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
 
 class LiveJudge:
     """The engine fed one physical line at a time while the log is being written (the launcher's tee), for the
-    live status line (sessions/progress.py): the same needles and classification as `judge_log`, no second parser.
+    live status line (sessions/run/progress.py): the same needles and classification as `judge_log`, no second parser.
     """
 
     NEEDLES = tuple(n.encode() for n in ALL_NEEDLES)

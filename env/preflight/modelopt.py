@@ -22,12 +22,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from env.checks import OK, Check
-from env.pythonpath import bridge_modelopt_imports, package_of
+from env.preflight.checks import OK, Check
+from env.preflight.pythonpath import bridge_modelopt_imports, package_of
 from env.settings import Resolved
 
 if TYPE_CHECKING:
-    from env.checks import RunContext
+    from env.preflight.checks import RunContext
 
 PACKAGE = "nvidia-modelopt"
 SAVE_PATH_DEFAULT = ["modelopt.torch.opt.plugins"]  # what Bridge's training/checkpointing.py imports (r0.6, main)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sessions import metrics as m
+from sessions.judge import metrics as m
 
 PLOT_PNG = "metrics.png"
 

@@ -1,6 +1,6 @@
 """The one code path of every level: resolve settings → preflight → Bridge checks → launch with log tee → judge →
 run directory → exit code. Levels differ only by their preset row (env/presets.py) and their pass rule
-(sessions/level_rules.py).
+(sessions/run/level_rules.py).
 """
 
 from __future__ import annotations
@@ -19,17 +19,25 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
-from env.cli import EXIT_BY_RESULT, one_line_errors, task_remainder
-from env.preflight import BLOCKED, Check, RunContext, first_blocked, run_checks, status_table, timings_text
-from env.pythonpath import compose
+from env.preflight.checklist import (
+    BLOCKED,
+    Check,
+    RunContext,
+    first_blocked,
+    run_checks,
+    status_table,
+    timings_text,
+)
+from env.preflight.pythonpath import compose
+from env.protocol.cli import EXIT_BY_RESULT, one_line_errors, task_remainder
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, require_writable_dir, resolve
-from sessions import level_rules, progress
-from sessions.bridge_checks import BridgeChecks, not_requested
-from sessions.launch import redact_env, run_logged, secret_values
-from sessions.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
-from sessions.rundir import new_run_dir, next_run_dir
-from sessions.verdict import Verdict
+from sessions.bridge_unit.records import BridgeChecks, not_requested
+from sessions.judge.verdict import Verdict
+from sessions.run import level_rules, progress
+from sessions.run.launch import redact_env, run_logged, secret_values
+from sessions.run.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
+from sessions.run.rundir import new_run_dir, next_run_dir
 
 RUN_FILE = "run.json"
 
@@ -167,7 +175,7 @@ def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tu
 
 def _validate_level_options(opts: LevelOptions) -> None:
     """Level-specific flag values (bad ones are a usage error, exit 2, before anything runs)."""
-    from sessions import metrics
+    from sessions.judge import metrics
 
     if opts.feature is not None and opts.feature not in level_rules.FEATURES:
         raise UsageError(f"--feature must be one of {', '.join(level_rules.FEATURES)}, got {opts.feature!r}")
@@ -394,7 +402,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
 
 def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions, run_dir: Path) -> BridgeChecks:
     # the matching bridge_unit record, else run `nox -s bridge_unit` now (its log goes into the run directory)
-    from sessions.bridge_unit import ensure_for_level
+    from sessions.bridge_unit.session import ensure_for_level
 
     return ensure_for_level(Path(settings.log_dir), ctx.bridge, opts.skip_bridge_checks, opts.bridge_tests,
                             opts.allow_missing, run_dir, ctx.environ,
@@ -444,7 +452,7 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
 
 
 def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
-    from sessions.verdict import judge_log
+    from sessions.judge.verdict import judge_log
 
     out = []
     for entry in record["runs"]:

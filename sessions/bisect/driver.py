@@ -1,6 +1,6 @@
 """`invoke bisect`: the first commit of a checkout that breaks a level, found by running the level itself.
 
-Real `git bisect` drives the checkout (env/bisect_repo.py); at each commit the level runs exactly as `invoke levelN`
+Real `git bisect` drives the checkout (sessions/bisect/checkout.py); at each commit the level runs exactly as `invoke levelN`
 does (a subprocess of this project's invoke, so flags, preflight, Bridge checks, verdict and run directory are the
 level's own). Its verdict marks the commit: Pass → good, Blocked → skip (an environment problem is no evidence
 about the commit), Fail → bad or skip by category (RULES, overridable with --on). One report per bisection in
@@ -24,15 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
-from env.bisect_repo import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
 from env.repos import RepoError, bridge_state, verl_state
-from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, resolve
-from sessions.level import RUN_FILE, LevelOptions, make_level_task, parse_options
-from sessions.progress import Relay
-from sessions.rundir import new_run_dir
-from sessions.verdict import CATEGORIES
+from env.settings import PROJECT_ROOT, TOOL_PREFIX, Resolved, UsageError, config_section, resolve
+from sessions.bisect.checkout import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
+from sessions.judge.verdict import CATEGORIES
+from sessions.run.level import RUN_FILE, LevelOptions, make_level_task, parse_options
+from sessions.run.progress import Relay
+from sessions.run.rundir import new_run_dir
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = PROJECT_ROOT
 EXIT_FOUND, EXIT_BAD_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 2, 3, 130
 # A Fail of these categories is about the code under test; any other Fail (oom, nccl, hang, ...) says little
 # about the commit and is skipped unless --on says otherwise. "bridge-checks": the Bridge's own unit tests failed.

@@ -1,6 +1,6 @@
 """The connection to a GPU host: Fabric for commands, the matching `ssh` command line for rsync.
 
-Kept apart from `env/remote.py` (the task) and `env/sync.py` (the file transfer) so both can use it without
+Kept apart from `env/launchers/remote.py` (the task) and `env/launchers/sync.py` (the file transfer) so both can use it without
 importing each other.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from env import remote_helper
+from env.launchers import remote_helper
 from env.settings import UsageError
 
 

@@ -1,6 +1,6 @@
 """`invoke plan`: read the Bridge change, decide which coverage levels it justifies from what verl actually reaches
-(env/bridge_surface.py reads verl's use of Bridge, sessions/plan_reach.py follows it through Bridge's code, the
-rules are data in env/plan_rules.py), and with `--run` run them in order through the real `invoke levelN` tasks,
+(sessions/plan/verl_surface.py reads verl's use of Bridge, sessions/plan/reach.py follows it through Bridge's code, the
+rules are data in sessions/plan/rules.py), and with `--run` run them in order through the real `invoke levelN` tasks,
 then write one combined report.
 
 The change = committed since the merge-base with the base (default: the upstream main branch), plus uncommitted
@@ -27,19 +27,20 @@ from typing import Any
 
 import git
 
-from env import plan_rules, presets
-from env.bridge_surface import SurfaceError, VerlSurface, read_surface
-from env.cli import EXIT_BY_RESULT, task_remainder
-from env.plan_rules import Family, Rule
+from env import presets
+from env.protocol.cli import EXIT_BY_RESULT, task_remainder
 from env.repos import RepoError, open_repo
-from env.settings import TOOL_PREFIX, UsageError, config_section, resolve
-from sessions import plan_reach
-from sessions.plan_reach import BridgeIndex, Evidence, Reach, Unit
-from sessions.progress import Relay
-from sessions.report import DELIVERABLES, Deliverable, overall_result, render_junit
-from sessions.rundir import new_run_dir
+from env.settings import PROJECT_ROOT, TOOL_PREFIX, UsageError, config_section, resolve
+from sessions.plan import reach as plan_reach
+from sessions.plan import rules as plan_rules
+from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
+from sessions.plan.rules import Family, Rule
+from sessions.plan.verl_surface import SurfaceError, VerlSurface, read_surface
+from sessions.run.progress import Relay
+from sessions.run.report import DELIVERABLES, Deliverable, overall_result, render_junit
+from sessions.run.rundir import new_run_dir
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = PROJECT_ROOT
 MAX_UNTRACKED_BYTES = 2_000_000  # larger untracked files count by path only
 BASE_CANDIDATES = ("upstream/main", "origin/main")
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -865,7 +866,7 @@ def combined_summary(plan: Plan, results: list[LevelResult], plan_dir: Path, pla
 
 
 def render_combined(summary: dict, results: list[LevelResult], plan: Plan) -> str:
-    from sessions.report import render_markdown
+    from sessions.run.report import render_markdown
 
     lines = [render_markdown(summary).rstrip("\n"), "", "Plan:"]
     for e in plan.entries:

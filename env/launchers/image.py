@@ -17,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from env.modelopt import ensure_modelopt
-from env.pythonpath import ProbeError, bridge_modelopt_imports, compose, probe_imports
-from env.settings import UsageError, resolve
+from env.preflight.modelopt import ensure_modelopt
+from env.preflight.pythonpath import ProbeError, bridge_modelopt_imports, compose, probe_imports
+from env.settings import PROJECT_ROOT, UsageError, resolve
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = PROJECT_ROOT
 USAGE = "usage: nox -s verl -- <invoke task> [args], e.g. nox -s verl -- level0 --model Qwen/Qwen2.5-0.5B"
 RESULT_NAMES = {0: "Pass", 1: "Fail", 2: "bad invocation", 3: "Blocked"}
 

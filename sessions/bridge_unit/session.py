@@ -1,6 +1,6 @@
 """Body of `nox -s bridge_unit`: the procedure's targeted Megatron-Bridge unit tests, run the way the Bridge's own CI
 runs its unit tests, recorded so that level reports find the outcome of the same Bridge state
-(sessions/bridge_checks.py).
+(sessions/bridge_unit/records.py).
 
 Order: every path is checked first (a renamed test file must not become "pytest exit 4, nothing ran"; a missing one
 is traced in git history to the tests that carry it on), then `uv sync --locked --group <the group holding pytest>`
@@ -35,10 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from env.pythonpath import megatron_lm_empty, submodule_fix
+from env.preflight.pythonpath import megatron_lm_empty, submodule_fix
 from env.repos import MEGATRON_LM, RepoError, RepoState, bridge_state
-from env.settings import UsageError, resolve
-from sessions.bridge_checks import (
+from env.settings import PROJECT_ROOT, UsageError, resolve
+from sessions.bridge_unit.history import Successor, successor
+from sessions.bridge_unit.records import (
     TARGETED_TESTS,
     BridgeChecks,
     find_record,
@@ -47,10 +48,9 @@ from sessions.bridge_checks import (
     records_dir,
     write_record,
 )
-from sessions.bridge_history import Successor, successor
 
 ALLOW_MISSING = "--allow-missing"
-NOXFILE = Path(__file__).resolve().parent.parent / "noxfile.py"
+NOXFILE = PROJECT_ROOT / "noxfile.py"
 RECORD_LINE = "bridge_unit record: "
 # Bridge CI's unit-test job: deselects tests marked broken, runs offline (Launch_Unit_Tests_Core.sh, cicd-main.yml)
 PYTEST_ARGS = ("-q", "-m", "not pleasefixme")
@@ -420,7 +420,7 @@ def ensure_for_level(log_dir: Path, state: RepoState, skip: bool, extra: Sequenc
         return checks_from_record(record)
 
     from env.settings import TOOL_PREFIX
-    from sessions.launch import run_logged, secret_values
+    from sessions.run.launch import run_logged, secret_values
 
     log_path = run_dir / "bridge_unit.log"
     argv = [sys.executable, "-m", "nox", "-f", str(NOXFILE), "-s", "bridge_unit", "--", *extra]

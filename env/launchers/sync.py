@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env.remote_helper import file_state
+from env.launchers.remote_helper import file_state
 from env.settings import UsageError
 
 if TYPE_CHECKING:
-    from env.remote_host import RemoteHost
+    from env.launchers.remote_host import RemoteHost
 
 GITLINK_MODE = "160000"
 MANIFEST_VERSION = 1

@@ -1,6 +1,6 @@
 """What the terminal shows while a run goes on: one status line, not the wrapper's thousands of lines.
 
-The launcher (sessions/launch.py) writes every byte to the run's log first and then hands it to a display here:
+The launcher (sessions/run/launch.py) writes every byte to the run's log first and then hands it to a display here:
 - `StatusDisplay`: feeds each line to the verdict engine's `LiveJudge` (the same needles and phase markers that
   judge the log afterwards; nothing here parses verl's output) and shows phase, step N/M, elapsed, a rough time
   left once steps tick, time since the last log line and the run directory. On a terminal that is one line
@@ -302,7 +302,7 @@ def open_display(label: str, run_dir: Path, *, judge: Any | None = None, steps: 
 
 def verl_display(label: str, run_dir: Path, *, level: int | None, steps: int | None):
     """A verl run's display: the verdict engine reads the stream as it arrives."""
-    from sessions.verdict import LiveJudge
+    from sessions.judge.verdict import LiveJudge
 
     return open_display(label, run_dir, judge=None if verbose_requested() else LiveJudge(level=level),
                         steps=steps)
@@ -387,7 +387,7 @@ class Relay:
 def tail_lines(path: Path, n: int = TAIL_LINES, max_bytes: int = 256 << 10) -> list[str]:
     """The last `n` lines of a log as a terminal should show them: ANSI codes out, a `\\r` redraw as its last
     state."""
-    from sessions.logstream import ANSI_RE
+    from sessions.judge.logstream import ANSI_RE
 
     with open(path, "rb") as handle:
         size = handle.seek(0, os.SEEK_END)
@@ -424,7 +424,7 @@ def _failure(summary: dict, logs: Iterable[tuple[str, Path]], run_dir: Path) -> 
 def outcome(summary: dict, run_dir: Path, logs: Iterable[tuple[str, Path]], *, verbose: bool | None = None) -> str:
     """What the terminal gets after a level: with --verbose the whole summary (as before); else on Fail/Blocked
     the first error, its hint and the last log lines, then the Result line and the report's path."""
-    from sessions.report import render_markdown
+    from sessions.run.report import render_markdown
 
     markdown = render_markdown(summary)
     if verbose_requested() if verbose is None else verbose:

@@ -1,6 +1,6 @@
 """The remote half of `invoke remote`'s sync: one self-contained script, stdlib only, Python >= 3.7.
 
-env/sync.py imports it for hashing local files (so both sides hash the same way) and ships its source to the
+env/launchers/sync.py imports it for hashing local files (so both sides hash the same way) and ships its source to the
 remote as `python3 -c <source> <command>` with a JSON request on stdin; the JSON answer follows MARKER on stdout
 (login shells may print banners before it).
 

@@ -1,6 +1,6 @@
 """The types every preflight check speaks: a `Check` result and the `RunContext` a check reads and adjusts.
 
-Kept apart from env/preflight.py (which orders and runs the checks) so that the modules holding checks (modelopt,
+Kept apart from env/preflight/checklist.py (which orders and runs the checks) so that the modules holding checks (modelopt,
 Ray probe, model download, level rules) import these types without importing preflight itself.
 """
 

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from env.remote_host import RemoteHost, RemoteUnavailable
-from env.settings import UsageError, resolve
-from env.sync import SyncPlan, TransferFailed, apply_plan, local_trees, make_plan
+from env.launchers.remote_host import RemoteHost, RemoteUnavailable
+from env.launchers.sync import SyncPlan, TransferFailed, apply_plan, local_trees, make_plan
+from env.settings import PROJECT_ROOT, UsageError, resolve
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_REMOTE_ROOT = "verl-e2e"  # under the remote home
 REMOTE_DIR_NAMES = {"bridge": "Megatron-Bridge", "verl": "verl", "tool": "verl-bridge-e2e"}
 RUN_DIR_LINE = re.compile(rb"\[verl-e2e\] run directory: (.+?)\s*$")
@@ -144,7 +143,7 @@ def remote_task(
     err: BinaryIO | None = None,
 ) -> int:
     """The body of `invoke remote`; returns the exit code (the remote task's, or 2/3 for our own failures)."""
-    from sessions.progress import Relay
+    from sessions.run.progress import Relay
 
     out = out or Relay()  # the task's status lines: one line redrawn in place on a terminal
     err = err or sys.stderr.buffer

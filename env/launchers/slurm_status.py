@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from env.launchers.slurm import JOBS_SUBDIR
 from env.settings import TOOL_PREFIX, UsageError
-from env.slurm import JOBS_SUBDIR
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}

@@ -28,9 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
-from env.settings import BY_NAME, SETTINGS, TOOL_PREFIX, Resolved, UsageError, config_section, resolve
+from env.settings import (
+    BY_NAME,
+    PROJECT_ROOT,
+    SETTINGS,
+    TOOL_PREFIX,
+    Resolved,
+    UsageError,
+    config_section,
+    resolve,
+)
 
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = PROJECT_ROOT
 JOBS_SUBDIR = "slurm"  # under LOG_DIR: <job>.json, slurm-<job>.log, <job>.exit, batch scripts
 # Node-local places: a log there can vanish with the allocation (the procedure: use a shared FS or $HOME).
 NODE_LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
@@ -420,7 +429,7 @@ def run_attached(p: SlurmPlan) -> int:
     argv = p.srun_argv()
     _say(f"srun step: {shlex.join(argv[:-1])} <step script>")
     proc = subprocess.Popen(argv, cwd=p.workdir, stdout=subprocess.PIPE)
-    from sessions.progress import Relay
+    from sessions.run.progress import Relay
 
     started, tail, out = False, b"", Relay()  # status lines: one line redrawn in place on a terminal
     try:

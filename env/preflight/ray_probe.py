@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from env import probe_cache
-from env.checks import BLOCKED, OK, SKIPPED, WARN, Check
-from env.pythonpath import is_under, run_entries
+from env.preflight import probe_cache
+from env.preflight.checks import BLOCKED, OK, SKIPPED, WARN, Check
+from env.preflight.pythonpath import is_under, run_entries
 from env.repos import MEGATRON_LM
 
 if TYPE_CHECKING:
-    from env.checks import RunContext
+    from env.preflight.checks import RunContext
 
 PROBE_TIMEOUT_S = 180.0  # local cluster start + worker start; a hung probe must not eat the run
 

@@ -4,7 +4,7 @@ The wrapper runs in its own process group (so a terminal Ctrl-C reaches us, not 
 of our process, or a stall (no output for `stall_timeout` s), the whole group gets SIGTERM, then SIGKILL after a
 grace period, and we keep draining its output so the log is complete up to its end. Known secret values are masked
 before a byte reaches the log or the terminal. The log gets every byte first; the terminal gets what a display of
-sessions/progress.py makes of it (a status line, or the whole stream with --verbose).
+sessions/run/progress.py makes of it (a status line, or the whole stream with --verbose).
 """
 
 from __future__ import annotations
@@ -94,10 +94,10 @@ def run_logged(
 ) -> LaunchResult:
     """Run argv, tee its stdout+stderr into `log` and to a display, survive our own SIGINT/SIGTERM.
 
-    `echo`: a stream that gets every byte (the old tee); else `display` (sessions/progress.py), by default the
+    `echo`: a stream that gets every byte (the old tee); else `display` (sessions/run/progress.py), by default the
     status line of this process (or the whole stream when VERL_E2E_VERBOSE=1). The display is closed here.
     """
-    from sessions import progress
+    from sessions.run import progress
 
     if echo is not None:
         display = progress.EchoDisplay(echo)

@@ -5,7 +5,7 @@ statement with its body, each function or method; a function nested in a functio
 references: names it loads, resolved through the module's imports (re-exports followed), its local imports, and
 the attribute names it uses. Annotations are not references (they run nothing).
 
-Reachability from verl's surface (env/bridge_surface.py) is a fixpoint:
+Reachability from verl's surface (sessions/plan/verl_surface.py) is a fixpoint:
 - importing a module runs its top-level code and every class statement in it (registrations, decorators), and the
   packages above it;
 - a reached unit reaches what it references; a class it references becomes *live*;

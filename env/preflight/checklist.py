@@ -15,12 +15,13 @@ from pathlib import Path
 
 from data.gsm8k import validate_parquet
 from data.models import check_download_model, checkpoint_problem
-from env import presets, probe_cache
-from env.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, ImportProbe, RunContext
-from env.gpus import detect_gpus
-from env.modelopt import PACKAGE as MODELOPT_PACKAGE
-from env.modelopt import check_container_setup
-from env.pythonpath import (
+from env import presets
+from env.preflight import probe_cache
+from env.preflight.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, ImportProbe, RunContext
+from env.preflight.gpus import detect_gpus
+from env.preflight.modelopt import PACKAGE as MODELOPT_PACKAGE
+from env.preflight.modelopt import check_container_setup
+from env.preflight.pythonpath import (
     APEX_FUSED,
     FLASH_ATTN_MODULES,
     ProbeError,
@@ -33,7 +34,7 @@ from env.pythonpath import (
     submodule_fix,
     verl_bridge_imports,
 )
-from env.ray_probe import check_ray_worker, start_ray_probe
+from env.preflight.ray_probe import check_ray_worker, start_ray_probe
 from env.repos import MEGATRON_LM
 
 __all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "run_checks", "status_table"]

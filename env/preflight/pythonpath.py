@@ -16,11 +16,11 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from env.checks import ImportProbe
+from env.preflight.checks import ImportProbe
 from env.repos import MEGATRON_LM
 
 if TYPE_CHECKING:
-    from env.checks import RunContext
+    from env.preflight.checks import RunContext
 
 # Runs in the target Python; argv[1] is a JSON request; prints one JSON object. Import failures are data.
 _PROBE = r"""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from env.checks import RunContext
+    from env.preflight.checks import RunContext
 
 CACHE_DIR = ".preflight_cache"
 
@@ -91,7 +91,7 @@ def trees(ctx: RunContext) -> list[Path]:
 def through(ctx: RunContext, kind: str, request: Any, run: Callable[[], tuple[Any, bool]]) -> Any:
     """`run()` -> (answer, complete), answered from the cache when its key matches (unless --fresh-probe); a
     complete answer is stored. The cache's time lands in ctx.facts.cached_from[kind]."""
-    from env.pythonpath import ProbeError, located  # noqa: PLC0415 - pythonpath imports nothing from here
+    from env.preflight.pythonpath import ProbeError, located  # noqa: PLC0415 - pythonpath imports nothing from here
 
     try:
         sys_path = located(ctx).raw.get("sys_path", [])

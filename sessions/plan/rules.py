@@ -1,7 +1,7 @@
 """Which coverage levels a Bridge change justifies, as data: the procedure's "Portée" table ("Requis quand").
 
-`sessions/plan.py` finds the changed functions/classes of a change, whether verl reaches them (what verl imports
-and calls of Megatron-Bridge, followed through Bridge's own calls: sessions/plan_reach.py), and the words of what
+`sessions/plan/planner.py` finds the changed functions/classes of a change, whether verl reaches them (what verl imports
+and calls of Megatron-Bridge, followed through Bridge's own calls: sessions/plan/reach.py), and the words of what
 each does (identifiers split at snake/camel case, lower-cased). A rule fires for a changed unit verl reaches when
 one of its `topics` matches:
 - a topic is one or more words that must all be words of one identifier (`expert parallel` matches
@@ -59,7 +59,7 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    # ---- Level 0: the provider itself (fired by reachability, see sessions/plan.py)
+    # ---- Level 0: the provider itself (fired by reachability, see sessions/plan/planner.py)
     Rule("verl-runs-it", 0, "Bridge code verl runs changed (provider, bridge, conversion or a function verl "
          "calls): verl must still import it, apply PEFT, wrap with DDP and finish a PPO step"),
     Rule("level-0-first", 0, "every coverage starts at Level 0: the smoke must pass before any other level "
@@ -69,7 +69,7 @@ RULES: tuple[Rule, ...] = (
                   "still builds and updates the model on the new megatron.core"),
     Rule("dependencies", 0, "Bridge's dependencies changed (pyproject.toml / uv.lock)",
          optional="verl's image provides its own packages; Level 0 shows whether the change matters there"),
-    # ---- offered, never required: the procedure leaves them to judgement (fired by sessions/plan.py)
+    # ---- offered, never required: the procedure leaves them to judgement (fired by sessions/plan/planner.py)
     Rule("moe-ep-follow-up", 2, "MoE involved: an EP=2 run stresses expert-parallel routing", variant="moe",
          optional="the procedure asks for an expert-parallel run when expert layout, dispatcher, router replay or "
                   "expert TP change, and keeps it a follow-up otherwise"),

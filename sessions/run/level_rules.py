@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sessions.verdict import Verdict
+from sessions.judge.verdict import Verdict
 
 SAVE_FREQ_FOLLOW_UP = ("checkpoint save/load failed: rerun without save/resume (SAVE_FREQ=-1, e.g. `invoke level0` "
                        "with the same model) to separate model construction from checkpoint behaviour")
@@ -269,7 +269,7 @@ def check_experts(ctx: Any) -> list[Any]:
     experts (else the variant stresses nothing expert-specific: warn, and say so under Limitations)."""
     import json
 
-    from env.preflight import BLOCKED, OK, WARN, Check
+    from env.preflight.checklist import BLOCKED, OK, WARN, Check
 
     env = ctx.wrapper_env
     ep, etp, pp = (int(env.get(k, "1")) for k in ("COMMON_EP", "COMMON_ETP", "COMMON_PP"))
@@ -427,19 +427,20 @@ FOLLOW_UPS_BY_CHECK = {
 
 
 def _baseline_metrics(path: str) -> dict[int, dict[str, float]]:
-    from sessions import metrics
+    from sessions.judge import metrics
 
     base = Path(path)
     if (base / metrics.METRICS_CSV).is_file():
         return metrics.read_csv(base / metrics.METRICS_CSV)
-    from sessions.verdict import judge_log
+    from sessions.judge.verdict import judge_log
 
     return judge_log(base / "verl.log").step_metrics
 
 
 def learning_signal(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcome:
     """Every check of the procedure's level-5 list on the run's step metrics; writes metrics.csv and the plot."""
-    from sessions import metrics, plots
+    from sessions.judge import metrics
+    from sessions.run import plots
 
     out = single_run(record, judged)
     entry, v = judged[-1]
