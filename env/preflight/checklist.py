@@ -20,7 +20,7 @@ from env.preflight import probe_cache
 from env.preflight.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, ImportProbe, RunContext
 from env.preflight.gpus import detect_gpus
 from env.preflight.modelopt import PACKAGE as MODELOPT_PACKAGE
-from env.preflight.modelopt import check_container_setup
+from env.preflight.modelopt import check_container_setup, modelopt_install_hint
 from env.preflight.pythonpath import (
     APEX_FUSED,
     FLASH_ATTN_MODULES,
@@ -29,10 +29,12 @@ from env.preflight.pythonpath import (
     is_under,
     located,
     megatron_lm_empty,
+    module_paths,
     package_of,
     probe_imports,
     submodule_fix,
     verl_bridge_imports,
+    verl_bridge_sites,
 )
 from env.preflight.ray_probe import check_ray_worker, start_ray_probe
 from env.repos import MEGATRON_LM
@@ -77,8 +79,8 @@ def check_locations(ctx: RunContext) -> Iterable[Check]:
         where = bridge_file or found.error_of("megatron.bridge")
         yield Check("megatron.bridge is the local checkout", BLOCKED, f"megatron.bridge resolves to {where}",
                     f"put {bridge_src} first on PYTHONPATH (or uninstall the megatron-bridge wheel)", "wrong-bridge")
-        return
-    yield Check("megatron.bridge is the local checkout", OK, bridge_file)
+    else:
+        yield Check("megatron.bridge is the local checkout", OK, bridge_file)
 
     core_file = found.file_of("megatron.core")
     expected_core = Path(ctx.bridge.path) / MEGATRON_LM
@@ -88,7 +90,6 @@ def check_locations(ctx: RunContext) -> Iterable[Check]:
     elif core_file is None and megatron_lm_empty(Path(ctx.bridge.path)):
         yield Check("megatron.core origin", BLOCKED, f"no megatron.core anywhere, and {expected_core} is empty (the "
                     "submodule is not initialised)", submodule_fix(Path(ctx.bridge.path)), "env-dependency")
-        return
     else:
         yield Check("megatron.core origin", WARN, f"megatron.core comes from {core_file or found.error_of('megatron.core')}, "
                     f"not {expected_core}", submodule_fix(Path(ctx.bridge.path)))
@@ -104,8 +105,8 @@ def check_locations(ctx: RunContext) -> Iterable[Check]:
                     f"verl resolves to {verl_file or found.error_of('verl')}, not {ctx.verl.path}",
                     "the wrapper and the verl package must be one release: put VERL_REPO on PYTHONPATH",
                     "env-dependency")
-        return
-    yield Check("verl is the local checkout", OK, verl_file)
+    else:
+        yield Check("verl is the local checkout", OK, verl_file)
     if not found.present("ray"):
         yield Check("ray", BLOCKED, f"ray is not installed in {ctx.python} (verl's trainer runs on it)",
                     f"{ctx.python} -m pip install ray (or run inside the verl image)", "env-dependency")
@@ -156,9 +157,9 @@ def _missing_fix(ctx: RunContext, result: dict) -> str:
     missing = result.get("missing")
     if missing and missing.startswith("megatron.core") and megatron_lm_empty(Path(ctx.bridge.path)):
         return submodule_fix(Path(ctx.bridge.path))
-    if _through_modelopt(result):
-        return (f"invoke install-modelopt (pip installs {MODELOPT_PACKAGE} with its dependencies"
-                + (f": {package_of(missing)} is missing)" if missing else ")"))
+    if _through_modelopt(result) or (missing or "").split(".")[0] == "modelopt":
+        why = f"{package_of(missing)} is missing" if missing and not missing.startswith("modelopt") else None
+        return install_hint(ctx, why)
     if missing:
         return f"{ctx.python} -m pip install {package_of(missing)} (provides {missing}; or run inside the verl image)"
     return "install the missing dependency in the run's Python (or run inside the verl image: nox -s verl -- ...)"
@@ -171,55 +172,149 @@ def _through_modelopt(result: dict) -> bool:
         f"{os.sep}modelopt{os.sep}" in f for f in result.get("via", []))
 
 
+def _gate(ctx: RunContext, paths: set[str]) -> str | None:
+    """The first of these run paths this level takes (its reason), None when it takes none of them."""
+    if not paths or "model" in paths:
+        return "every run builds the model" if paths else None
+    return next((ctx.taken[p] for p in sorted(paths) if p in ctx.taken), None)
+
+
+def _not_taken(ctx: RunContext, paths: set[str]) -> str:
+    return "; ".join(presets.path_not_taken(ctx.level, p) for p in sorted(paths))
+
+
+def _off_path_warning(ctx: RunContext, what: str, paths: set[str], fix: str) -> None:
+    """A dependency missing only on a path this level does not take: said in the report, not Blocked."""
+    ctx.limitations.append(f"{what} — needed only on verl's {'/'.join(sorted(paths))} path, which this run does not "
+                           f"take ({_not_taken(ctx, paths)}); a run that takes it needs: {fix}")
+
+
+def _module_paths(ctx: RunContext) -> dict[str, set[str]]:
+    return ctx.facts.get("verl sites", lambda: module_paths(verl_bridge_sites(Path(ctx.verl.path))))
+
+
 def _build_imports(ctx: RunContext) -> Iterable[Check]:
-    """What verl's Megatron model build, LoRA and checkpoint code import from Bridge (read from the verl checkout)
-    must import in the run's Python: e.g. training.config -> data.builders -> megatron.energon. A failure through
-    modelopt is check_modelopt's to report (same import, one fix)."""
+    """What verl imports from Bridge (read from the verl checkout, with where: module level or inside which function)
+    must import in the run's Python — where the level's path needs it: a module verl imports only inside its
+    checkpoint save/load (or QAT) code fails the run only when the level saves/loads (or runs QAT); otherwise it is
+    a warning in the report. A failure through modelopt is check_modelopt's to report (same import, one fix)."""
     name = "Bridge modules verl imports"
-    modules = [m for m in verl_bridge_imports(Path(ctx.verl.path)) if m != "megatron.bridge"]
+    paths_of = _module_paths(ctx)
+    modules = [m for m in sorted(paths_of) if m != "megatron.bridge"]
     if not modules:
         return
+    off_path: list[str] = []
     for module in modules:
         result = ctx.imports.import_result(module)
-        if result.get("error") and not _through_modelopt(result):
-            missing = result.get("missing")
-            what = f"the package {package_of(missing)} is missing" if missing else "it fails"
-            yield Check(name, BLOCKED, f"import {module} (verl imports it to build/train/save the model): "
+        if not result.get("error") or _through_modelopt(result) or \
+                (result.get("missing") or "").split(".")[0] == "modelopt":
+            continue
+        missing = result.get("missing")
+        what = f"the package {package_of(missing)} is missing" if missing else "it fails"
+        paths = paths_of[module]
+        why = _gate(ctx, paths)
+        if why is not None:
+            yield Check(name, BLOCKED, f"import {module} (verl imports it {_where(ctx, module)}; {why}): "
                         f"{result['error']} — {what}", _missing_fix(ctx, result), "env-dependency")
             return
-    yield Check(name, OK, f"{len(modules)} modules import ({', '.join(m.removeprefix('megatron.bridge.') for m in modules)})")
+        off_path.append(f"{module} ({'/'.join(sorted(paths))} path: {result['error']})")
+        _off_path_warning(ctx, f"import {module} fails in the run's Python: {result['error']}", paths,
+                          _missing_fix(ctx, result))
+    short = ", ".join(m.removeprefix("megatron.bridge.") for m in modules)
+    if off_path:
+        yield Check(name, WARN, f"{len(modules) - len(off_path)}/{len(modules)} modules import; only on paths this "
+                    f"level does not take: {'; '.join(off_path)}", "see Limitations: a level that takes that path "
+                    "is Blocked until it imports")
+        return
+    yield Check(name, OK, f"{len(modules)} modules import ({short})")
+
+
+def _where(ctx: RunContext, module: str) -> str:
+    sites = [s for s in verl_bridge_sites(Path(ctx.verl.path)) if s.module == module]
+    return ", ".join(s.where() for s in sites[:2]) or "somewhere"
+
+
+def _modelopt_paths(ctx: RunContext) -> set[str]:
+    """The run paths that need modelopt: Bridge's training/checkpointing.py imports it at module level (verl imports
+    that file inside its checkpoint manager: the checkpoint path), QAT always, and whatever verl module the heavy
+    probe saw failing through modelopt (its own paths)."""
+    paths = {"qat"}
+    save_modules = [m for m, p in _module_paths(ctx).items() if "checkpointing" in m]
+    for m in save_modules:
+        paths |= _module_paths(ctx)[m]
+    if not save_modules and bridge_modelopt_imports(Path(ctx.bridge.path)):
+        paths.add("checkpoint")
+    if ctx.imports is not None:
+        for module, p in _module_paths(ctx).items():
+            result = ctx.imports.import_result(module)
+            if result.get("error") and (_through_modelopt(result)
+                                        or (result.get("missing") or "").split(".")[0] == "modelopt"):
+                paths |= p
+    return paths
+
+
+def install_hint(ctx: RunContext, why: str | None = None) -> str:
+    return modelopt_install_hint(ctx.environ, ctx.settings.modelopt_index_url, why)
 
 
 def check_modelopt_present(ctx: RunContext) -> Iterable[Check]:
-    """Preflight 4, cheap half: nvidia-modelopt is installed in the run's Python (verl's checkpoint paths need it)."""
+    """Preflight 4, cheap half: nvidia-modelopt in the run's Python — Blocked only where the level's path needs it
+    (checkpoint save/load, QAT); elsewhere a warning in the report."""
     found = _located(ctx) if ctx.probe else None
     if not isinstance(found, ImportProbe):
         return  # check_locations said why
-    if not found.present("modelopt"):
-        yield Check("modelopt", BLOCKED, f"{MODELOPT_PACKAGE} is not installed in the run's Python",
-                    "invoke install-modelopt", "env-dependency")
+    if found.present("modelopt"):
+        yield Check("modelopt", OK, f"{MODELOPT_PACKAGE} installed ({found.raw['present']['modelopt']})")
         return
-    yield Check("modelopt", OK, f"{MODELOPT_PACKAGE} installed ({found.raw['present']['modelopt']})")
+    paths = _modelopt_paths(ctx)
+    why = _gate(ctx, paths)
+    fix = install_hint(ctx)
+    if why is not None:
+        yield Check("modelopt", BLOCKED, f"{MODELOPT_PACKAGE} is not installed in the run's Python, and {why} "
+                    "(Bridge's training/checkpointing.py imports modelopt)", fix, "env-dependency")
+        return
+    _off_path_warning(ctx, f"{MODELOPT_PACKAGE} is not installed in the run's Python", paths, fix)
+    yield Check("modelopt", WARN, f"{MODELOPT_PACKAGE} is not installed in the run's Python: needed only on verl's "
+                f"{'/'.join(sorted(paths))} path ({_not_taken(ctx, paths)})", fix)
 
 
 def check_modelopt(ctx: RunContext) -> Iterable[Check]:
     """Preflight 4, heavy half: what Bridge's checkpointing imports from modelopt (verl's LoRA save path) imports —
-    a modelopt installed without its dependencies (pulp) is Blocked."""
+    a modelopt installed without its dependencies (pulp) is Blocked where the level saves/loads, a warning
+    elsewhere."""
     if ctx.imports is None:
         return
     name = "modelopt (LoRA save path)"
+    located_probe = _located(ctx)
+    if isinstance(located_probe, ImportProbe) and not located_probe.present("modelopt"):
+        yield Check(name, SKIPPED if _gate(ctx, _modelopt_paths(ctx)) is None else BLOCKED,
+                    f"{MODELOPT_PACKAGE} not installed (see 'modelopt')", install_hint(ctx),
+                    None if _gate(ctx, _modelopt_paths(ctx)) is None else "env-dependency")
+        return
     save_path = bridge_modelopt_imports(Path(ctx.bridge.path))
+    failure = None
     for module in save_path:
         result = ctx.imports.import_result(module)
         if result.get("error"):
-            yield Check(name, BLOCKED, f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA "
-                        f"save path) fails: {result['error']}", _missing_fix(ctx, result), "env-dependency")
+            failure = (f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA save path) fails: "
+                       f"{result['error']}", result)
+            break
+    if failure is None:
+        for module, result in ctx.imports.raw.get("imports", {}).items():
+            if result.get("error") and _through_modelopt(result):
+                failure = (f"import {module} fails inside modelopt: {result['error']}", result)
+                break
+    if failure is not None:
+        detail, result = failure
+        paths = _modelopt_paths(ctx)
+        why = _gate(ctx, paths)
+        if why is not None:
+            yield Check(name, BLOCKED, f"{detail} ({why})", _missing_fix(ctx, result), "env-dependency")
             return
-    for module, result in ctx.imports.raw.get("imports", {}).items():
-        if result.get("error") and _through_modelopt(result):
-            yield Check(name, BLOCKED, f"import {module} fails inside modelopt: {result['error']}",
-                        _missing_fix(ctx, result), "env-dependency")
-            return
+        _off_path_warning(ctx, detail, paths, _missing_fix(ctx, result))
+        yield Check(name, WARN, f"{detail}: needed only on verl's {'/'.join(sorted(paths))} path "
+                    f"({_not_taken(ctx, paths)})", _missing_fix(ctx, result))
+        return
     if save_path:
         yield Check(name, OK, f"{', '.join(save_path)} imports (Bridge's training/checkpointing.py)")
 

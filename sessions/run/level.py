@@ -296,6 +296,9 @@ def build_context(opts: LevelOptions, settings: Resolved, probe: bool, dry_run: 
         no_reward_model=opts.no_reward_model, image_python=environ.get("VERL_E2E_IMAGE_PYTHON") == "1",
         dummy_config=opts.dummy_config, download=opts.download, environ=environ, dry_run=dry_run,
         user_overrides=list(opts.extra_overrides), base_overrides=list(level.overrides), fresh_probe=opts.fresh_probe,
+        level=opts.number, feature=opts.feature, script=opts.script,
+        run_envs=[presets.level_env(level, opts.variant, spec) for spec in level.runs],
+        taken=presets.level_paths(opts.number, opts.variant, opts.feature, opts.extra_overrides),
     )
 
 
