@@ -7,7 +7,9 @@ at the first Blocked one. With `probe=False` (dry-run) nothing is executed: only
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -319,6 +321,159 @@ def check_modelopt(ctx: RunContext) -> Iterable[Check]:
         yield Check(name, OK, f"{', '.join(save_path)} imports (Bridge's training/checkpointing.py)")
 
 
+_READS = r"(\$\{{?{v}\b|\b{v}:-|\bexport\s+{v}\b|\b(?:os\.environ|getenv)\b[^\n]*['\"]{v}['\"])"
+# what a script sets for itself that decides what it runs (shown when it ignores the level's settings)
+_SCRIPT_KEYS = ("total_epochs", "total_training_steps", "n_gpus_per_node", "nnodes", "save_freq", "test_freq",
+                "lora.rank", "lora_rank", "use_mbridge", "vanilla_mbridge", "use_megatron_fsdp",
+                "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
+_HYDRA_ARG = re.compile(r"(?<![\w.$])\+{0,2}([A-Za-z_][\w]*(?:\.[\w@]+)+)=(\"[^\"]*\"|'[^']*'|[^\s\\]+)")
+
+
+def reads_variable(text: str, name: str) -> bool:
+    return re.search(_READS.format(v=re.escape(name)), text) is not None
+
+
+def level_settings(ctx: RunContext) -> list[str]:
+    """The wrapper variables this level sets (every run's preset, plus the dummy model's), in preset order."""
+    names: dict[str, None] = {}
+    for env in ctx.run_envs or [ctx.wrapper_env]:
+        names.update(dict.fromkeys(env))
+    if ctx.dummy_config is not None:
+        names.update(dict.fromkeys(("USE_DUMMY_MODEL", "DUMMY_MODEL_CONFIG_PATH")))
+    return [n for n in names if n not in presets.NOT_LEVEL_SETTINGS]
+
+
+def script_settings(text: str) -> dict[str, str]:
+    """Hydra arguments a script writes itself for the keys that decide what it runs (later wins)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for key, value in _HYDRA_ARG.findall(line):
+            if any(key.endswith(k) for k in _SCRIPT_KEYS):
+                found[key] = value.strip("'\"")
+    return found
+
+
+def check_wrapper_reads(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 1: the script the level runs reads the variables the level sets. verl's wrapper at an old release
+    (v0.4.1: no USE_MBRIDGE, VANILLA_MBRIDGE or LORA_RANK; v0.5.0: no VANILLA_MBRIDGE or LORA_RANK) would silently
+    run something else: Blocked. A Level 4 --script is the user's choice: what it ignores, and what it does
+    instead, goes into the report."""
+    script = ctx.script or presets.WRAPPER
+    path = Path(script).expanduser()
+    full = path if path.is_absolute() else Path(ctx.verl.path) / path
+    try:
+        text = full.read_text(errors="replace")
+    except OSError:
+        return  # a missing wrapper or script is refused before preflight (bad invocation)
+    wanted = level_settings(ctx)
+    ignored = [v for v in wanted if not reads_variable(text, v)]
+    own = script_settings(text)
+    ctx.evidence["script_reads"] = {"script": script, "ignored": ignored, "own_settings": own}
+    save = next((v for k, v in own.items() if k.endswith("save_freq")), None)
+    if ctx.script and save not in (None, "-1") and "checkpoint" not in ctx.taken:
+        ctx.taken["checkpoint"] = f"--script {script} saves checkpoints (trainer.save_freq={save})"
+    name = "wrapper reads the level's settings" if not ctx.script else "--script reads the level's settings"
+    if not ignored:
+        yield Check(name, OK, f"{script} reads all {len(wanted)} ({', '.join(wanted)})")
+        return
+    if not ctx.script:
+        yield Check(name, BLOCKED, f"verl at {ctx.verl.head}: its wrapper ignores {', '.join(ignored)} "
+                    f"({script} never reads {'it' if len(ignored) == 1 else 'them'}): Level {ctx.level}'s settings "
+                    "would be silently dropped", "use a verl that has it (the procedure's verl: v0.9.0; set "
+                    "VERL_REPO)", "config")
+        return
+    instead = ", ".join(f"{k}={v}" for k, v in own.items()) or "its own defaults"
+    ctx.limitations.append(f"--script {script} ignores the level's settings {', '.join(ignored)}: it runs with "
+                           f"{instead} instead (what the script itself sets)")
+    yield Check(name, WARN, f"{script} ignores {', '.join(ignored)}; it will run with {instead}",
+                "pass what you need as Hydra overrides after -- (later wins), or use a script that reads them")
+
+
+def model_config(ctx: RunContext) -> tuple[dict, list[str]]:
+    """The model's HF config.json merged with --dummy-config (what the run builds), and the files read."""
+    config: dict = {}
+    sources: list[str] = []
+    for path in (Path(ctx.model_path) / "config.json" if ctx.model_path else None, ctx.dummy_config):
+        if path is not None and Path(path).is_file():
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                config.update(data)
+                sources.append(str(path))
+    return config, sources
+
+
+VISION_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "vision_encoder", "vit_config")
+
+
+def check_feature(ctx: RunContext) -> Iterable[Check]:
+    """Level 4 --feature: the model has what the feature is about (a VLM a vision config, a MoE model experts)."""
+    from sessions.run.level_rules import MOE_CONFIG_KEYS, expert_count  # noqa: PLC0415 - level rules import us
+
+    if ctx.level != 4 or ctx.feature is None:
+        return
+    name = f"--feature {ctx.feature}"
+    if ctx.feature not in ("vlm", "moe"):
+        yield Check(name, OK, f"feature {ctx.feature}: no model-config check for it (see Limitations)")
+        return
+    config, sources = model_config(ctx)
+    if not sources:
+        yield Check(name, WARN, "no model config.json to read yet: cannot tell whether the model has the feature")
+        return
+    where = " + ".join(sources)
+    if ctx.feature == "vlm":
+        keys = [k for k in VISION_KEYS if k in config]
+        if keys:
+            yield Check(name, OK, f"vision config present ({', '.join(keys)} in {where})")
+        else:
+            yield Check(name, BLOCKED, f"{where} has no vision config ({'/'.join(VISION_KEYS)}): not a VLM, the "
+                        "run would not exercise the feature", "use a VLM checkpoint for --feature vlm", "config")
+        return
+    experts = expert_count(config)
+    if experts:
+        yield Check(name, OK, f"{experts} routed experts ({where})")
+    else:
+        yield Check(name, BLOCKED, f"{where} has no {'/'.join(MOE_CONFIG_KEYS)}: not a MoE model, the run would "
+                    "not exercise the feature", "use a MoE checkpoint for --feature moe", "config")
+
+
+MOE_KERNELS = ("_moe_C_stable_libtorch", "_moe_C")  # vLLM's MoE ops: stable-ABI builds, then older ones
+
+
+def check_vllm_moe_kernels(ctx: RunContext) -> Iterable[Check]:
+    """A MoE model's rollout needs vLLM's compiled MoE ops (`ops.topk_softmax`): vLLM only warns when
+    `vllm._moe_C_stable_libtorch` is missing, and the engine dies later. Listed without importing vLLM."""
+    from sessions.run.level_rules import expert_count  # noqa: PLC0415
+
+    name = "vLLM MoE kernels"
+    found = _located(ctx) if ctx.probe else None
+    if not isinstance(found, ImportProbe) or not found.present("vllm"):
+        return
+    if ctx.wrapper_env.get("ENGINE", "vllm") != "vllm":
+        return
+    exts = found.raw.get("extensions", {}).get("vllm") or []
+    stable = any(e.endswith("_stable_libtorch") for e in exts)
+    kernel = MOE_KERNELS[0] if stable else MOE_KERNELS[1]
+    present = kernel in exts
+    config, sources = model_config(ctx)
+    experts = expert_count(config)
+    if present:
+        yield Check(name, OK, f"vllm.{kernel} present")
+        return
+    detail = f"vllm.{kernel} not found next to {found.raw['present']['vllm']}"
+    if experts:
+        yield Check(name, BLOCKED, f"{detail}, and the model has {experts} experts: vLLM's MoE ops "
+                    "(ops.topk_softmax) are missing, the rollout engine would die", f"install a vLLM build that "
+                    f"ships vllm/{kernel}*.so (the image's own vLLM)", "env-dependency")
+    else:
+        yield Check(name, WARN, f"{detail}: not needed for this dense model"
+                    + ("" if sources else " (no model config read)"))
+
+
 def check_data(ctx: RunContext) -> Iterable[Check]:
     """Preflight 5: the GSM8K parquet files open and have verl's columns."""
     for name in ("train_files", "val_files"):
@@ -339,6 +494,16 @@ def check_model(ctx: RunContext) -> Iterable[Check]:
         if not ctx.dummy_config.is_file():
             yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} does not exist",
                         "pass --dummy-config a minimal HF config JSON", "data")
+            return
+        try:
+            parsed = json.loads(ctx.dummy_config.read_text())
+        except (OSError, ValueError) as e:
+            yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} is not valid JSON: {e}",
+                        "pass --dummy-config a minimal HF config JSON (an object of config keys)", "data")
+            return
+        if not isinstance(parsed, dict):
+            yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} holds a JSON {type(parsed).__name__}, "
+                        "not an object of HF config keys", "pass --dummy-config a minimal HF config JSON", "data")
             return
         ctx.limitations.append("dummy model (random weights): validates model construction and training "
                                "mechanics, not pretrained-weight compatibility")
@@ -563,6 +728,7 @@ def check_container_image(ctx: RunContext) -> Iterable[Check]:
 # decided (model path; check_apex before check_flash_attn).
 CHEAP: list[CheckFn] = [
     check_repos,
+    check_wrapper_reads,
     check_uv,
     check_locations,
     check_modelopt_present,
@@ -570,6 +736,8 @@ CHEAP: list[CheckFn] = [
     check_data,
     check_model,
     check_download_model,
+    check_feature,
+    check_vllm_moe_kernels,
     check_reward_model,
     check_gpus,
     check_nsys,
@@ -617,8 +785,10 @@ def _run(fn: CheckFn, ctx: RunContext) -> list[Check]:
 
 
 def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
-    """Cheap checks first; heavy probes only when none of them is Blocked. A level stops at the first Blocked check;
-    doctor (stop_at_blocked=False) shows every cheap check, and the heavy ones as not started after a cheap Blocked.
+    """Every cheap check, always: a cheap Blocked stops the run, not the diagnosis — and every check that shapes the
+    run (overrides, env) has run, so the planned command is the one a fixed environment would start. Then the heavy
+    probes: a level (stop_at_blocked) starts them only when no cheap check is Blocked; doctor starts them whenever
+    the run's Python can answer, and marks them as not run, with the reason, when it cannot.
     Wall times per phase and per probe, and which probes started, land in ctx.evidence["preflight_timings"]."""
     began = time.monotonic()
     checks: list[Check] = []
@@ -627,19 +797,20 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
     try:
         for fn in CHEAP:
             checks += _run(fn, ctx)
-            if stop_at_blocked and first_blocked(checks):
-                return checks
         timings["cheap_s"] = round(time.monotonic() - began, 3)
+        if not ctx.probe:
+            return checks
         blocked = first_blocked(checks)
-        if blocked is not None:
-            checks += [Check(name, SKIPPED, f"not started: '{blocked.name}' is Blocked (heavy probes run once the "
-                             "cheap checks pass)") for name in HEAVY_NAMES if ctx.probe]
+        cannot = _heavy_cannot_run(ctx)
+        if cannot is not None or (blocked is not None and stop_at_blocked):
+            why = (f"cannot run yet: {cannot}" if cannot is not None else
+                   f"not started: '{blocked.name}' is Blocked (heavy probes run once the cheap checks pass; "
+                   "`invoke doctor` runs them anyway)")
+            checks += [Check(name, SKIPPED, why) for name in HEAVY_NAMES]
             return checks
         _start_heavy(ctx)
         for fn in HEAVY:
             checks += _run(fn, ctx)
-            if stop_at_blocked and first_blocked(checks):
-                break
         return checks
     finally:
         timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
@@ -647,6 +818,14 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
             **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
             "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from)}
         ctx.facts.close()
+
+
+def _heavy_cannot_run(ctx: RunContext) -> str | None:
+    """Why the heavy probes cannot run at all (no Python to ask), None when they can."""
+    found = _located(ctx)
+    if isinstance(found, Check):
+        return found.detail
+    return None
 
 
 HEAVY_NAMES = ("megatron.bridge imports", "Ray worker imports the local Bridge", "modelopt (LoRA save path)")
