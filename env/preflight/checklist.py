@@ -376,7 +376,7 @@ def check_wrapper_reads(ctx: RunContext) -> Iterable[Check]:
         ctx.taken["checkpoint"] = f"--script {script} saves checkpoints (trainer.save_freq={save})"
     name = "wrapper reads the level's settings" if not ctx.script else "--script reads the level's settings"
     if not ignored:
-        yield Check(name, OK, f"{script} reads all {len(wanted)} ({', '.join(wanted)})")
+        yield Check(name, OK, f"{script} reads all {len(wanted)} variables the level sets")
         return
     if not ctx.script:
         yield Check(name, BLOCKED, f"verl at {ctx.verl.head}: its wrapper ignores {', '.join(ignored)} "
