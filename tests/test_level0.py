@@ -152,7 +152,7 @@ def test_preflight_failures_are_blocked_before_verl_starts(workspace, case, tmp_
         (workspace.verl / "verl/utils").mkdir(parents=True, exist_ok=True)
         (workspace.verl / "verl/utils/megatron_utils.py").write_text(
             "def build():\n    from megatron.bridge.training.config import DistributedDataParallelConfig\n")
-        (workspace.bridge / "src/megatron/bridge/training").mkdir()
+        (workspace.bridge / "src/megatron/bridge/training").mkdir(exist_ok=True)
         (workspace.bridge / "src/megatron/bridge/training/__init__.py").write_text("")
         (workspace.bridge / "src/megatron/bridge/training/config.py").write_text("import megatron.energon\n")
         expect = ("env-dependency", "megatron-energon")

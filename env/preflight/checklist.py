@@ -34,11 +34,12 @@ from env.preflight.pythonpath import (
     module_paths,
     package_of,
     probe_imports,
+    run_entries,
     submodule_fix,
     verl_bridge_imports,
     verl_bridge_sites,
 )
-from env.preflight.ray_probe import check_ray_worker, start_ray_probe
+from env.preflight.ray_probe import RayProbe, check_ray_worker, ray_probe_on, start_ray_probe
 from env.repos import MEGATRON_LM
 
 __all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "run_checks", "status_table"]
@@ -767,10 +768,37 @@ def _prefetch_cheap(ctx: RunContext) -> None:
 
 
 def _start_heavy(ctx: RunContext) -> None:
+    """The driver's imports and the Ray worker probe, at once. When neither answer is cached and the worker probe is
+    on, one process does both (the cluster starts while the stack imports: the stack is imported once, by the
+    driver; the worker only resolves where megatron.bridge comes from); else each fact on its own."""
     if not ctx.probe:
+        return
+    if ray_probe_on(ctx) and not ctx.settings.ray_address and not probe_cache.peek(ctx, "imports", _import_request(ctx)) \
+            and not probe_cache.peek(ctx, "ray", ["local"]):
+        ctx.facts.start("heavy", lambda: _combined(ctx))
+        ctx.facts.start("imports", lambda: ImportProbe(ctx.python, probe_cache.through(
+            ctx, "imports", _import_request(ctx), lambda: (ctx.facts.get("heavy", lambda: _combined(ctx))[0], True))))
+        ctx.facts.start("ray", lambda: RayProbe(**probe_cache.through(
+            ctx, "ray", ["local"], lambda: ctx.facts.get("heavy", lambda: _combined(ctx))[1])))
         return
     ctx.facts.start("imports", lambda: _heavy_imports(ctx))
     start_ray_probe(ctx)
+
+
+def _combined(ctx: RunContext) -> tuple[dict, tuple[dict, bool]]:
+    """(import answer, (Ray answer, complete)) from the one heavy process."""
+    from env.preflight.ray_probe import _driver_pythonpath  # noqa: PLC0415
+
+    own = run_entries(Path(ctx.bridge.path), Path(ctx.verl.path))
+    probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=_import_request(ctx),
+                          environ=ctx.environ,
+                          ray={"address": "", "pythonpath": ctx.pythonpath,
+                               "driver_pythonpath": _driver_pythonpath(ctx.environ, own)})
+    raw = dict(probe.raw)
+    answer = raw.pop("ray", None) or {"driver_error": "the heavy probe gave no Ray answer"}
+    ray = {"address": None, "workers": answer.get("workers") or [], "cluster_cpus": answer.get("cluster_cpus"),
+           "driver_error": answer.get("driver_error")}
+    return raw, (ray, ray["driver_error"] is None)
 
 
 def _run(fn: CheckFn, ctx: RunContext) -> list[Check]:

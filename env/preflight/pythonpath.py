@@ -91,11 +91,30 @@ def extensions(pkg):
                 if name.endswith(suffix):
                     found.add(name[: -len(suffix)])
     return sorted(found)
-for mod in ("megatron.bridge", "megatron.core", "verl"):
-    out[mod] = origin(mod, heavy)
-out["present"] = {m: quiet(m) for m in req.get("present", [])}
-out["extensions"] = {p: extensions(p) for p in req.get("extensions", [])}
-out["imports"] = {m: origin(m, True) for m in req.get("imports", [])}
+def run_imports():
+    for mod in ("megatron.bridge", "megatron.core", "verl"):
+        out[mod] = origin(mod, heavy)
+    out["present"] = {m: quiet(m) for m in req.get("present", [])}
+    out["extensions"] = {p: extensions(p) for p in req.get("extensions", [])}
+    out["imports"] = {m: origin(m, True) for m in req.get("imports", [])}
+ray_req = req.get("ray")
+if ray_req is None:
+    run_imports()
+else:
+    # one process for the heavy phase: the imports run in a thread while this thread starts Ray and asks a worker;
+    # the cluster's daemons inherit the driver PYTHONPATH without the checkouts (the workers get them from
+    # runtime_env alone, as in the real run), while this process's own sys.path keeps them for the imports
+    import os, threading, time
+    os.environ["PYTHONPATH"] = ray_req["driver_pythonpath"]
+    began = time.monotonic()
+    thread = threading.Thread(target=run_imports, daemon=True)
+    thread.start()
+    namespace = {}
+    exec(ray_req["function"], namespace)
+    out["ray"] = namespace["ray_answer"](ray_req["address"], ray_req["pythonpath"])
+    out["ray_s"] = round(time.monotonic() - began, 3)
+    thread.join()
+    out["imports_s"] = round(time.monotonic() - began, 3)
 print(json.dumps(out))
 """
 
@@ -311,12 +330,20 @@ class ProbeError(Exception):
 
 def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout: float = 300,
                   imports: list[str] | tuple[str, ...] = (), heavy: bool = True,
-                  environ: dict[str, str] | None = None) -> ImportProbe:
+                  environ: dict[str, str] | None = None, ray: dict | None = None) -> ImportProbe:
     """One probe process: origins of Bridge/core/verl (heavy: also imported), presence of PRESENCE, and the given
-    imports."""
+    imports. ray={"address", "pythonpath", "driver_pythonpath"}: the Ray worker probe runs in the same process, at
+    the same time (raw["ray"] holds its answer)."""
     env = dict(os.environ if environ is None else environ, PYTHONPATH=pythonpath)
-    request = json.dumps({"heavy": heavy, "present": list(PRESENCE), "imports": list(imports),
-                          "extensions": list(EXTENSIONS)})
+    request_data: dict = {"heavy": heavy, "present": list(PRESENCE), "imports": list(imports),
+                          "extensions": list(EXTENSIONS)}
+    if ray is not None:
+        from env.preflight.ray_probe import RAY_FUNCTION  # noqa: PLC0415 - ray_probe imports this module
+
+        request_data["ray"] = {**ray, "function": RAY_FUNCTION}
+        env.pop("RAY_ADDRESS", None)
+        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    request = json.dumps(request_data)
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE, request], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
