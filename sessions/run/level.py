@@ -562,7 +562,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
         else {"status": "Skipped", "detail": "preflight stopped first", "limitations": []})
     blocked = record.get("blocked")
     variant = f" --variant {record['variant']}" if record.get("variant") else ""
-    if record["options"].get("feature"):
+    if record["options"].get("feature") and not judged:  # judged: the level rule's coverage names it
         variant += f" --feature {record['options']['feature']}"
     what = f"LoRA + {'Megatron-FSDP' if level.env.get('USE_MEGATRON_FSDP') == 'True' else 'Megatron DDP'}"
 
