@@ -120,3 +120,21 @@ def test_a_blocked_runs_command_sh_is_the_dry_runs_and_the_import_is_not_shown(w
     assert imp["status"] == "Not shown", imp
     assert f"note: find_spec locates megatron.bridge at {workspace.bridge}/src/megatron/bridge" in imp["detail"]
     assert "<skipped" in (run_dir / "junit.xml").read_text()
+
+
+def test_a_moe_model_needs_vllms_moe_kernels_found_without_importing_vllm(workspace, tmp_path):
+    """The 2026-12-01 host: a vLLM without `_moe_C_stable_libtorch` only warns on import and a MoE model's engine
+    dies later; preflight lists the package's extension files (no vLLM code runs: its __init__ here would raise)."""
+    site = tmp_path / "stack"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm/__init__.py").write_text("raise RuntimeError('preflight must not import vllm')\n")
+    (site / "vllm/_C_stable_libtorch.abi3.so").write_bytes(b"")
+    config = json.loads((workspace.model / "config.json").read_text())
+    (workspace.model / "config.json").write_text(json.dumps({**config, "num_experts": 4}))
+    env = {"PYTHONPATH": f"{site}:{workspace.env['PYTHONPATH']}"}
+    dry = workspace.invoke("level4", "--dry-run", "--feature", "moe", env=env)
+    assert re.search(r"✘ vLLM MoE kernels +vllm\._moe_C_stable_libtorch not found .*4 experts", dry.stdout), dry.stdout
+    assert "✔ --feature moe" in dry.stdout
+    (site / "vllm/_moe_C_stable_libtorch.abi3.so").write_bytes(b"")
+    ok = workspace.invoke("level4", "--dry-run", "--feature", "moe", env=env)
+    assert "✔ vLLM MoE kernels" in ok.stdout and "✘" not in ok.stdout, ok.stdout
