@@ -319,13 +319,15 @@ def download_model(c, model=None, scratch=None, revision=None, local_dir=None, r
     help={
         "python": "Python to install into (VERL_PYTHON; default python3: the image's own)",
         "index_url": "extra package index serving nvidia-modelopt (MODELOPT_INDEX_URL, default NVIDIA's)",
+        "find_links": "offline: a folder of wheels (nvidia-modelopt, pulp); pip runs with --no-index --find-links DIR",
         "log_dir": "where the container-setup record goes (LOG_DIR)",
         "dry_run": "print the pip commands, run nothing",
     }
 )
 @one_line_errors
-def install_modelopt(c, python=None, index_url=None, log_dir=None, dry_run=False):
-    """`pip show nvidia-modelopt`, else install it from the extra index; recorded as container-setup evidence."""
+def install_modelopt(c, python=None, index_url=None, find_links=None, log_dir=None, dry_run=False):
+    """`pip show nvidia-modelopt`, else install it from the extra index or, offline, a wheel folder (--find-links);
+    recorded as container-setup evidence naming where each package came from."""
     import os
 
     from env.preflight.modelopt import install_command
@@ -333,4 +335,4 @@ def install_modelopt(c, python=None, index_url=None, log_dir=None, dry_run=False
 
     settings = resolve(dict(python=python, modelopt_index_url=index_url, log_dir=log_dir), os.environ,
                        config_section(c.config))
-    return install_command(settings, dry_run=dry_run)
+    return install_command(settings, dry_run=dry_run, find_links=find_links)

@@ -197,3 +197,46 @@ def parallel_size(env: dict[str, str]) -> int:
     for key in ("COMMON_TP", "COMMON_PP", "COMMON_CP"):
         size *= int(env.get(key, "2"))
     return size
+
+
+# -- which code paths of verl a level's run takes (preflight gates a dependency only where the path needs it) -------
+
+CHECKPOINT_KEYS = {"trainer.save_freq": "-1", "trainer.resume_mode": "disable"}  # Hydra key -> "off" value
+QAT_FEATURES = ("qat", "quantized")
+
+
+def level_paths(number: int, variant: str | None = None, feature: str | None = None,
+                user_overrides: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """path -> why this level takes it, for the paths beyond the model build every run takes: "checkpoint"
+    (verl's save/load: a run with SAVE_FREQ != -1 or RESUME_MODE != disable, or the user's own trainer.save_freq /
+    trainer.resume_mode after --) and "qat" (Level 4 --feature qat|quantized: ModelOpt)."""
+    level = LEVELS[number]
+    taken: dict[str, str] = {}
+    for spec in level.runs:
+        env = level_env(level, variant if variant in level.variants else None, spec)
+        save, resume = env.get("SAVE_FREQ", "-1"), env.get("RESUME_MODE", "disable")
+        if save != "-1" or resume != "disable":
+            what = f"SAVE_FREQ={save}" + (f" RESUME_MODE={resume}" if resume != "disable" else "")
+            run = f" run {spec.name}" if len(level.runs) > 1 else ""
+            taken.setdefault("checkpoint", f"Level {number}{run} saves/loads checkpoints ({what})")
+    for o in user_overrides:
+        key, _, value = o.partition("=")
+        key = override_key(key)
+        if key in CHECKPOINT_KEYS and value.strip("'\"") not in (CHECKPOINT_KEYS[key], "null", ""):
+            taken.setdefault("checkpoint", f"your override {o} saves/loads checkpoints")
+    if number == 4 and feature in QAT_FEATURES:
+        taken["qat"] = f"Level 4 --feature {feature} runs ModelOpt's quantization path"
+    return taken
+
+
+def path_not_taken(number: int, path: str) -> str:
+    """Why a level does not take a path (for the warning that replaces a Blocked)."""
+    if path == "checkpoint":
+        return f"Level {number} saves nothing (SAVE_FREQ=-1) and resumes nothing"
+    if path == "qat":
+        return f"Level {number} runs no QAT/ModelOpt quantization (only Level 4 --feature qat|quantized does)"
+    return f"Level {number} does not take the {path} path"
+
+
+# wrapper variables a level sets that are not the level's own setting (preflight's, or the wrapper's launcher)
+NOT_LEVEL_SETTINGS = ("NUM_GPUS", "VERL_USE_UV")

@@ -206,7 +206,13 @@ def test_level3_fails_when_the_run_did_not_select_megatron_fsdp(workspace):
 
 # -- level 4 ------------------------------------------------------------------------------------------------------
 
+def _model_config(workspace, **keys) -> None:
+    config = json.loads((workspace.model / "config.json").read_text())
+    (workspace.model / "config.json").write_text(json.dumps({**config, **keys}))
+
+
 def test_level4_vlm_records_feature_overrides_and_text_only_limitation(workspace):
+    _model_config(workspace, vision_config={"depth": 1})  # --feature vlm's own preflight: a vision config
     run_dir, md, summary = run(workspace, "level4", "--feature", "vlm", "--",
                                "actor_rollout_ref.model.use_fused_kernels=False", "++data.image_key=images")
     variant = deliverable(summary, "Requested variants")
@@ -229,6 +235,7 @@ def test_level4_script_runs_the_example_and_moe_says_ep1_does_not_stress_experts
                        "echo example-script-ran\n"
                        "exec bash tests/special_e2e/run_ppo_trainer_megatron.sh \"$@\"\n")
     rel = "examples/moe_trainer/run_fixture_moe_megatron.sh"
+    _model_config(workspace, num_experts=4)  # --feature moe's own preflight: a model with experts
     run_dir, _, summary = run(workspace, "level4", "--feature", "moe", "--script", rel)
     assert "example-script-ran" in (run_dir / "verl.log").read_text()
     assert json.loads((run_dir / "run.json").read_text())["runs"][0]["argv"][:2] == ["bash", rel]
@@ -362,7 +369,8 @@ def test_dry_runs_show_each_levels_plan_and_run_nothing(workspace):
     one = workspace.invoke("level1", "--dry-run")
     assert one.returncode == 0, one.stdout + one.stderr
     assert "# run A" in one.stdout and "# run B" in one.stdout and "RESUME_MODE=auto" in one.stdout
-    assert one.stdout.count(f"trainer.default_local_dir={workspace.log_dir}/") == 2
+    # each run's command, then again in the command.sh block (what the run directory's command.sh holds)
+    assert one.stdout.count(f"trainer.default_local_dir={workspace.log_dir}/") == 4
     three = workspace.invoke("level3", "--dry-run")
     [command] = [line for line in three.stdout.splitlines() if line.startswith("bash ")]
     assert command.count("gradient_accumulation_fusion=False") == 3 and "USE_MEGATRON_FSDP=True" in three.stdout

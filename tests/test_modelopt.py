@@ -43,12 +43,14 @@ def test_install_once_then_nothing_to_do(workspace, package_index, fresh_python)
     assert dry.returncode == 0 and "--extra-index-url https://x.test/ nvidia-modelopt" in dry.stdout
     assert modelopt_version() is None
 
-    # the index does not have it: one line, pip's reason, exit 1, nothing recorded
+    # the index does not have it: one line, pip's reason, exit 1, and the failure recorded
     missing = workspace.invoke("install-modelopt", env=dict(pip_env, MODELOPT_INDEX_URL=f"{package_index}/empty/"))
     errors = [ln for ln in missing.stderr.splitlines() if ln.startswith("error: ")]
     assert missing.returncode == 1 and len(errors) == 1, missing.stderr
     assert "No matching distribution found for nvidia-modelopt" in errors[0]
-    assert not (workspace.log_dir / "container_setup").exists()
+    [failed] = list((workspace.log_dir / "container_setup").glob("*.json"))
+    assert json.loads(failed.read_text())["action"] == "failed"
+    failed.unlink()
 
     env = dict(pip_env, MODELOPT_INDEX_URL=f"{package_index}/simple/")
     first = workspace.invoke("install-modelopt", env=env)
@@ -63,6 +65,8 @@ def test_install_once_then_nothing_to_do(workspace, package_index, fresh_python)
     actions = [json.loads(p.read_text()) for p in records]
     assert sorted(a["action"] for a in actions) == ["installed", "present"]
     assert all(a["python"] == fresh_python and a["index_url"] == f"{package_index}/simple/" for a in actions)
+    installed = next(a for a in actions if a["action"] == "installed")
+    assert installed["source"] == f"nvidia-modelopt {VERSION} from index {package_index}"
 
     # a level in that Python quotes the newest record as container-setup evidence
     settings = resolve({"python": fresh_python}, workspace.env)
@@ -116,3 +120,87 @@ def test_modelopt_without_its_dependency_is_repaired_not_already_installed(works
     records = [json.loads(p.read_text()) for p in sorted((workspace.log_dir / "container_setup").glob("*.json"))]
     repaired = next(r for r in records if r["action"] == "repaired")
     assert repaired["dependencies_installed"] == ["pulp"] and repaired["version"] == VERSION
+
+
+def _offline_wheels(tmp_path):
+    """The GPU kit's wheel folder, shaped like the real one: nvidia-modelopt whose opt.plugins imports pulp and (as
+    the real modelopt's plugins do) vLLM, whose import prints a `WARNING <date> [cuda ...` line on stdout."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    plugins = "modelopt/torch/opt/plugins/__init__.py"
+    local_index.build_wheel(wheels, files={
+        "modelopt/__init__.py": f'__version__ = "{VERSION}"\n', "modelopt/torch/__init__.py": "",
+        "modelopt/torch/opt/__init__.py": "", plugins: "import vllm_fixture  # noqa\nimport pulp  # noqa\n"},
+        requires=("pulp",))
+    local_index.build_wheel(wheels, name="pulp", version="3.3.2", files={"pulp/__init__.py": ""})
+    # in the image (not in the folder): a vLLM-like package that talks on stdout when imported
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    (stack / "vllm_fixture.py").write_text(
+        "print('WARNING 12-01 08:29:17 [cuda.py:123] vLLM-like warning printed on import')\n")
+    return wheels, stack
+
+
+def test_install_modelopt_offline_from_a_wheel_folder_records_where_it_came_from(workspace, tmp_path):
+    """Issue 24: `--find-links DIR` with no index; the dependency probe is not fooled by a stdout WARNING line; the
+    record says the packages came from the folder (pip's own --report), not from an index."""
+    wheels, stack = _offline_wheels(tmp_path)
+    python = local_index.fresh_venv(tmp_path / "image-python")
+    for k in [k for k in workspace.env if k.startswith("PIP_")]:
+        del workspace.env[k]
+    env = {"PIP_NO_CACHE_DIR": "1", "VERL_PYTHON": python, "PYTHONPATH": str(stack),
+           "MODELOPT_INDEX_URL": "http://127.0.0.1:9/unreachable/"}
+    dry = workspace.invoke("install-modelopt", "--dry-run", "--find-links", str(wheels), env=env)
+    assert dry.returncode == 0 and f"--no-index --find-links {wheels} nvidia-modelopt" in dry.stdout, dry.stdout
+    proc = workspace.invoke("install-modelopt", "--find-links", str(wheels), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING 12-01" not in proc.stdout  # never taken for a module name
+    ok = subprocess.run([python, "-c", "import modelopt.torch.opt.plugins"], capture_output=True, text=True,
+                        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(stack)})
+    assert ok.returncode == 0, ok.stderr
+    [record] = [json.loads(p.read_text()) for p in (workspace.log_dir / "container_setup").glob("*.json")]
+    assert record["action"] == "installed" and record["find_links"] == str(wheels) and record["index_url"] is None
+    names = {i["name"]: i for i in record["installed"]}
+    assert set(names) == {"nvidia-modelopt", "pulp"}, names
+    assert all(i["source"] == f"local wheel folder {wheels}" for i in names.values())
+    assert record["source"] == f"nvidia-modelopt {VERSION}, pulp 3.3.2 from local wheel folder {wheels}"
+    assert f"from local wheel folder {wheels}" in proc.stdout
+    # a level in that Python quotes it: from the folder, never "the NVIDIA index"
+    settings = resolve({"python": python}, workspace.env)
+    ctx = build_context(LevelOptions(0), settings, probe=False)
+    [check] = list(check_container_setup(ctx))
+    assert f"local wheel folder {wheels}" in check.detail and "pypi.nvidia.com" not in " ".join(ctx.notes)
+
+
+def test_pips_own_offline_settings_and_a_stdout_warning_repair_the_right_package(workspace, tmp_path):
+    """The 2026-12-01 host: PIP_NO_INDEX/PIP_FIND_LINKS, modelopt already in without pulp, vLLM printing WARNING on
+    import: only pulp is installed (never `pip install 'WARNING ...'`), from the folder, and recorded."""
+    wheels, stack = _offline_wheels(tmp_path)
+    python = local_index.fresh_venv(tmp_path / "image-python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--find-links", str(wheels),
+                    "nvidia-modelopt"], check=True, capture_output=True)
+    for k in [k for k in workspace.env if k.startswith("PIP_")]:
+        del workspace.env[k]
+    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_NO_CACHE_DIR": "1", "VERL_PYTHON": python,
+           "PYTHONPATH": str(stack)}
+    proc = workspace.invoke("install-modelopt", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "'WARNING" not in proc.stdout + proc.stderr
+    [record] = [json.loads(p.read_text()) for p in (workspace.log_dir / "container_setup").glob("*.json")]
+    assert record["action"] == "repaired" and record["dependencies_installed"] == ["pulp"]
+    assert record["pip_config"]["PIP_NO_INDEX"] == "1"
+    assert record["source"] == f"pulp 3.3.2 from local wheel folder {wheels}"
+
+
+def test_a_failed_install_writes_its_record_too(workspace, tmp_path):
+    empty = tmp_path / "empty-wheels"
+    empty.mkdir()
+    python = local_index.fresh_venv(tmp_path / "image-python")
+    for k in [k for k in workspace.env if k.startswith("PIP_")]:
+        del workspace.env[k]
+    proc = workspace.invoke("install-modelopt", "--find-links", str(empty),
+                            env={"VERL_PYTHON": python, "PYTHONPATH": "", "PIP_NO_CACHE_DIR": "1"})
+    assert proc.returncode == 1 and "No matching distribution found for nvidia-modelopt" in proc.stderr
+    [record] = [json.loads(p.read_text()) for p in (workspace.log_dir / "container_setup").glob("*.json")]
+    assert record["action"] == "failed" and "No matching distribution" in record["error"]
+    assert record["source"] == "nothing installed"

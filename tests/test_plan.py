@@ -225,6 +225,12 @@ def test_bad_bridge_repo_is_one_line(workspace, tmp_path):
 
 def test_verl_checkout_that_uses_no_bridge_is_one_line(workspace):
     _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})
+    # the fixture verl imports Bridge like verl v0.9.0 (model build, checkpoint manager): this one imports nothing
+    import subprocess
+    for rel in ("verl/models/mcore/bridge.py", "verl/utils/megatron_utils.py",
+                "verl/utils/checkpoint/megatron_checkpoint_manager.py"):
+        (workspace.verl / rel).unlink()
+    subprocess.run(["git", "-C", str(workspace.verl), "commit", "-qam", "no Bridge"], check=True, capture_output=True)
     proc = workspace.invoke("plan")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"error: verl checkout {workspace.verl} imports nothing from megatron.bridge: it "

@@ -28,13 +28,14 @@ def _write(root: Path, files: dict[str, str]) -> Path:
     return root
 
 
-def _checks(workspace, extra: list[str] | None = None, **env):
-    environ = dict(workspace.env, **env)
+def _checks(workspace, extra: list[str] | None = None, level: int = 0, doctor: bool = True, **env):
+    # pip's own settings of this machine (PIP_FIND_LINKS) would change the install hint
+    environ = {k: v for k, v in dict(workspace.env, **env).items() if not k.startswith("PIP_")}
     settings = resolve({"python": sys.executable}, environ)
-    opts = LevelOptions(0, extra_overrides=list(extra or []))
+    opts = LevelOptions(level, extra_overrides=list(extra or []))
     ctx = build_context(opts, settings, probe=True)
     ctx.environ = environ
-    return ctx, {c.name: c for c in run_checks(ctx, stop_at_blocked=False)}
+    return ctx, {c.name: c for c in run_checks(ctx, stop_at_blocked=not doctor)}
 
 
 def _with_pythonpath(monkeypatch, workspace, *extra: Path) -> None:
@@ -103,45 +104,72 @@ def test_energon_missing_is_blocked_naming_the_package(workspace, monkeypatch):
     assert "pip install megatron-energon" in check.fix
 
 
-def test_modelopt_without_pulp_is_blocked_in_preflight(workspace, monkeypatch, tmp_path):
-    # no fixture stand-in: a modelopt whose opt.plugins imports pulp, as the real one does, and no pulp
+def test_modelopt_without_pulp_is_blocked_where_the_level_saves_and_a_warning_where_it_does_not(
+        workspace, monkeypatch, tmp_path):
+    # no fixture stand-in: a modelopt whose opt.plugins imports pulp, as the real one does, and no pulp; the fixture
+    # verl imports Bridge's checkpointing only inside MegatronCheckpointManager's save/load methods (as v0.9.0 does)
     site = _write(tmp_path / "site", {"modelopt/__init__.py": "", "modelopt/torch/__init__.py": "",
                                       "modelopt/torch/opt/__init__.py": "",
                                       "modelopt/torch/opt/plugins/__init__.py": "import pulp  # noqa\n"})
     workspace.env["PYTHONPATH"] = str(site)
     monkeypatch.setenv("PYTHONPATH", str(site))
-    _write(workspace.verl, {"verl/utils/checkpoint/megatron_checkpoint_manager.py":
-                            "def save():\n    from megatron.bridge.training.checkpointing import "
-                            "apply_peft_adapter_filter_to_state_dict\n"})
-    _write(workspace.bridge / "src/megatron/bridge", {
-        "training/__init__.py": "",
-        "training/checkpointing.py": "from modelopt.torch.opt.plugins import (\n    save_modelopt_state,\n)\n"})
-    ctx, checks = _checks(workspace)
+    ctx, checks = _checks(workspace, level=1)
     assert checks["Bridge modules verl imports"].status == OK  # the pulp failure is modelopt's to report, once
     assert checks["modelopt"].status == OK  # installed: the cheap check cannot tell
     check = checks["modelopt (LoRA save path)"]
     assert check.status == BLOCKED and "No module named 'pulp'" in check.detail
-    assert "modelopt.torch.opt.plugins" in check.detail
-    assert check.fix.startswith("invoke install-modelopt") and "pulp is missing" in check.fix
+    assert "modelopt.torch.opt.plugins" in check.detail and "Level 1 run A saves/loads checkpoints" in check.detail
+    assert "install-modelopt" in check.fix and "pulp is missing" in check.fix and "--find-links DIR" in check.fix
     assert first_blocked(list(checks.values())).name == "modelopt (LoRA save path)"
+    # Level 0 never saves (SAVE_FREQ=-1): the same gap is a warning in the report, not Blocked
+    ctx, checks = _checks(workspace, level=0)
+    assert checks["modelopt (LoRA save path)"].status == WARN and first_blocked(list(checks.values())) is None
+    assert any("No module named 'pulp'" in x and "Level 0 saves nothing (SAVE_FREQ=-1)" in x
+               for x in ctx.limitations), ctx.limitations
 
 
-def test_no_modelopt_at_all_is_blocked(workspace, monkeypatch):
+def test_no_modelopt_at_all_blocks_only_the_levels_that_save(workspace, monkeypatch):
     workspace.env["PYTHONPATH"] = ""
     monkeypatch.setenv("PYTHONPATH", "")
-    _, checks = _checks(workspace)
-    assert checks["modelopt"].status == BLOCKED and checks["modelopt"].fix == "invoke install-modelopt"
+    for level in (0, 3, 5):
+        ctx, checks = _checks(workspace, level=level)
+        assert checks["modelopt"].status == WARN, (level, checks["modelopt"])
+        assert "needed only on verl's checkpoint/qat path" in checks["modelopt"].detail
+        # the import walk: verl's checkpoint manager imports Bridge's checkpointing (modelopt) only inside save/load
+        assert checks["Bridge modules verl imports"].status == OK
+        assert first_blocked(list(checks.values())) is None, [c for c in checks.values() if c.status == BLOCKED]
+        assert any("nvidia-modelopt is not installed" in x for x in ctx.limitations)
+    _, checks = _checks(workspace, level=1)
+    assert checks["modelopt"].status == BLOCKED and "--find-links DIR" in checks["modelopt"].fix
+    # a user override that saves takes the checkpoint path on any level
+    _, checks = _checks(workspace, level=0, extra=["trainer.save_freq=1"])
+    assert checks["modelopt"].status == BLOCKED and "trainer.save_freq=1" in checks["modelopt"].detail
 
 
-def test_a_cheap_blocked_starts_no_heavy_probe(workspace, monkeypatch, tmp_path):
+def test_a_cheap_blocked_starts_no_heavy_probe_in_a_level_but_every_cheap_check_runs(workspace, monkeypatch,
+                                                                                     tmp_path):
     _with_pythonpath(monkeypatch, workspace)
     workspace.env.update(VERL_E2E_RAY_PROBE="1", TRAIN_FILES=str(tmp_path / "nope" / "train.parquet"))
-    ctx, checks = _checks(workspace)
+    ctx, checks = _checks(workspace, doctor=False)
     assert checks["data TRAIN_FILES"].status == BLOCKED
     assert not ctx.facts.started("imports") and not ctx.facts.started("ray")
     for name in ("megatron.bridge imports", "Ray worker imports the local Bridge", "modelopt (LoRA save path)"):
         assert checks[name].status == "skipped" and "not started: 'data TRAIN_FILES' is Blocked" in checks[name].detail
-    assert ctx.evidence["preflight_timings"]["started"] == ["data train_files", "data val_files", "locate"]
+    # the checks after the Blocked one still ran: their overrides shape the planned command
+    for name in ("reward model", "GPUs", "nsys", "Apex fused kernel", "flash-attn"):
+        assert name in checks, name
+    assert "global_profiler.tool=null" in ctx.overrides
+    assert ctx.evidence["preflight_timings"]["started"] == ["data train_files", "data val_files", "gpus", "locate",
+                                                            "verl sites"] or "imports" not in \
+        ctx.evidence["preflight_timings"]["started"]
+
+
+def test_doctor_runs_the_heavy_probes_after_a_cheap_blocked(workspace, monkeypatch, tmp_path):
+    _with_pythonpath(monkeypatch, workspace)
+    workspace.env.update(TRAIN_FILES=str(tmp_path / "nope" / "train.parquet"))
+    ctx, checks = _checks(workspace, doctor=True)
+    assert checks["data TRAIN_FILES"].status == BLOCKED
+    assert checks["megatron.bridge imports"].status == OK and ctx.facts.started("imports")
 
 
 def test_the_import_probe_is_cached_per_interpreter_pythonpath_and_files(workspace, monkeypatch):
@@ -210,11 +238,17 @@ def test_an_uninitialised_megatron_lm_submodule_names_git_not_pip(workspace, mon
     _with_pythonpath(monkeypatch, workspace)
     subprocess.run(["git", "-C", str(workspace.bridge), "submodule", "deinit", "-f", "3rdparty/Megatron-LM"],
                    check=True, capture_output=True)
-    ctx, checks = _checks(workspace)
+    ctx, checks = _checks(workspace, doctor=False)
     check = checks["megatron.core origin"]
     assert check.status == BLOCKED and "is empty (the submodule is not initialised)" in check.detail
     assert check.fix.startswith(f"git -C {workspace.bridge} submodule update --init 3rdparty/Megatron-LM")
-    assert not ctx.facts.started("imports")  # a cheap Blocked: no heavy probe
+    assert not ctx.facts.started("imports")  # a cheap Blocked: no heavy probe in a level
+    # doctor: the rows after it still show (verl, ray), and the heavy probes run what they can
+    ctx, checks = _checks(workspace, doctor=True)
+    assert checks["megatron.core origin"].status == BLOCKED
+    assert checks["verl is the local checkout"].status == OK and "ray" not in checks  # ray present: no row
+    assert checks["megatron.bridge is the local checkout"].status == OK
+    assert ctx.facts.started("imports")
 
 
 # `nvidia-smi -L` on a real two-H200 host (captured 2026-11-30)

@@ -20,6 +20,7 @@ import pytest
 import ray
 
 from env.preflight.checklist import BLOCKED, OK, SKIPPED
+from env.preflight.pythonpath import probe_imports
 from env.preflight.ray_probe import _driver_pythonpath, check_ray_worker, probe_ray_worker
 from env.settings import resolve
 from sessions.run.level import LevelOptions, build_context
@@ -197,7 +198,7 @@ def test_level0_records_the_workers_bridge(workspace, ray_head):
     assert checks["Ray CPUs"]["status"] == "warn" and "has 1 CPUs" in checks["Ray CPUs"]["detail"]
     summary = json.loads((run_dir / "summary.json").read_text())
     imp = next(d for d in summary["deliverables"] if d["name"] == "Local Bridge import in verl")
-    assert imp["status"] == "Pass" and f"Ray worker imports {worker_file}" in imp["detail"]
+    assert imp["status"] == "Pass" and f"Ray worker: megatron.bridge from {worker_file}" in imp["detail"]
 
 
 @pytest.mark.ray
@@ -233,6 +234,8 @@ def test_stack_on_pythonpath_reaches_the_driver_and_a_failed_worker_import_is_ne
         ctx = build_context(LevelOptions(0), settings, probe=True)
         ctx.environ = environ
         ctx.pythonpath = f"{workspace.bridge}/src:{workspace.bridge}/3rdparty/Megatron-LM:{workspace.verl}:{stack}"
+        # the worker resolves (find_spec); the import is the driver probe's, in the same Python (issue 24 item 7)
+        ctx.imports = probe_imports(bare, ctx.pythonpath, cwd=workspace.verl)
         return list(check_ray_worker(ctx))
 
     checks = ray_head.retry(probe)

@@ -7,7 +7,9 @@ at the first Blocked one. With `probe=False` (dry-run) nothing is executed: only
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterable
@@ -20,7 +22,7 @@ from env.preflight import probe_cache
 from env.preflight.checks import BLOCKED, OK, SKIPPED, WARN, Check, CheckFn, ImportProbe, RunContext
 from env.preflight.gpus import detect_gpus
 from env.preflight.modelopt import PACKAGE as MODELOPT_PACKAGE
-from env.preflight.modelopt import check_container_setup
+from env.preflight.modelopt import check_container_setup, modelopt_install_hint
 from env.preflight.pythonpath import (
     APEX_FUSED,
     FLASH_ATTN_MODULES,
@@ -29,12 +31,15 @@ from env.preflight.pythonpath import (
     is_under,
     located,
     megatron_lm_empty,
+    module_paths,
     package_of,
     probe_imports,
+    run_entries,
     submodule_fix,
     verl_bridge_imports,
+    verl_bridge_sites,
 )
-from env.preflight.ray_probe import check_ray_worker, start_ray_probe
+from env.preflight.ray_probe import RayProbe, check_ray_worker, ray_probe_on, start_ray_probe
 from env.repos import MEGATRON_LM
 
 __all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "run_checks", "status_table"]
@@ -77,8 +82,8 @@ def check_locations(ctx: RunContext) -> Iterable[Check]:
         where = bridge_file or found.error_of("megatron.bridge")
         yield Check("megatron.bridge is the local checkout", BLOCKED, f"megatron.bridge resolves to {where}",
                     f"put {bridge_src} first on PYTHONPATH (or uninstall the megatron-bridge wheel)", "wrong-bridge")
-        return
-    yield Check("megatron.bridge is the local checkout", OK, bridge_file)
+    else:
+        yield Check("megatron.bridge is the local checkout", OK, bridge_file)
 
     core_file = found.file_of("megatron.core")
     expected_core = Path(ctx.bridge.path) / MEGATRON_LM
@@ -88,7 +93,6 @@ def check_locations(ctx: RunContext) -> Iterable[Check]:
     elif core_file is None and megatron_lm_empty(Path(ctx.bridge.path)):
         yield Check("megatron.core origin", BLOCKED, f"no megatron.core anywhere, and {expected_core} is empty (the "
                     "submodule is not initialised)", submodule_fix(Path(ctx.bridge.path)), "env-dependency")
-        return
     else:
         yield Check("megatron.core origin", WARN, f"megatron.core comes from {core_file or found.error_of('megatron.core')}, "
                     f"not {expected_core}", submodule_fix(Path(ctx.bridge.path)))
@@ -104,8 +108,8 @@ def check_locations(ctx: RunContext) -> Iterable[Check]:
                     f"verl resolves to {verl_file or found.error_of('verl')}, not {ctx.verl.path}",
                     "the wrapper and the verl package must be one release: put VERL_REPO on PYTHONPATH",
                     "env-dependency")
-        return
-    yield Check("verl is the local checkout", OK, verl_file)
+    else:
+        yield Check("verl is the local checkout", OK, verl_file)
     if not found.present("ray"):
         yield Check("ray", BLOCKED, f"ray is not installed in {ctx.python} (verl's trainer runs on it)",
                     f"{ctx.python} -m pip install ray (or run inside the verl image)", "env-dependency")
@@ -156,9 +160,9 @@ def _missing_fix(ctx: RunContext, result: dict) -> str:
     missing = result.get("missing")
     if missing and missing.startswith("megatron.core") and megatron_lm_empty(Path(ctx.bridge.path)):
         return submodule_fix(Path(ctx.bridge.path))
-    if _through_modelopt(result):
-        return (f"invoke install-modelopt (pip installs {MODELOPT_PACKAGE} with its dependencies"
-                + (f": {package_of(missing)} is missing)" if missing else ")"))
+    if _through_modelopt(result) or (missing or "").split(".")[0] == "modelopt":
+        why = f"{package_of(missing)} is missing" if missing and not missing.startswith("modelopt") else None
+        return install_hint(ctx, why)
     if missing:
         return f"{ctx.python} -m pip install {package_of(missing)} (provides {missing}; or run inside the verl image)"
     return "install the missing dependency in the run's Python (or run inside the verl image: nox -s verl -- ...)"
@@ -171,57 +175,304 @@ def _through_modelopt(result: dict) -> bool:
         f"{os.sep}modelopt{os.sep}" in f for f in result.get("via", []))
 
 
+def _gate(ctx: RunContext, paths: set[str]) -> str | None:
+    """The first of these run paths this level takes (its reason), None when it takes none of them."""
+    if not paths or "model" in paths:
+        return "every run builds the model" if paths else None
+    return next((ctx.taken[p] for p in sorted(paths) if p in ctx.taken), None)
+
+
+def _not_taken(ctx: RunContext, paths: set[str]) -> str:
+    return "; ".join(presets.path_not_taken(ctx.level, p) for p in sorted(paths))
+
+
+def _off_path_warning(ctx: RunContext, what: str, paths: set[str], fix: str) -> None:
+    """A dependency missing only on a path this level does not take: said in the report, not Blocked."""
+    ctx.limitations.append(f"{what} — needed only on verl's {'/'.join(sorted(paths))} path, which this run does not "
+                           f"take ({_not_taken(ctx, paths)}); a run that takes it needs: {fix}")
+
+
+def _module_paths(ctx: RunContext) -> dict[str, set[str]]:
+    return ctx.facts.get("verl sites", lambda: module_paths(verl_bridge_sites(Path(ctx.verl.path))))
+
+
 def _build_imports(ctx: RunContext) -> Iterable[Check]:
-    """What verl's Megatron model build, LoRA and checkpoint code import from Bridge (read from the verl checkout)
-    must import in the run's Python: e.g. training.config -> data.builders -> megatron.energon. A failure through
-    modelopt is check_modelopt's to report (same import, one fix)."""
+    """What verl imports from Bridge (read from the verl checkout, with where: module level or inside which function)
+    must import in the run's Python — where the level's path needs it: a module verl imports only inside its
+    checkpoint save/load (or QAT) code fails the run only when the level saves/loads (or runs QAT); otherwise it is
+    a warning in the report. A failure through modelopt is check_modelopt's to report (same import, one fix)."""
     name = "Bridge modules verl imports"
-    modules = [m for m in verl_bridge_imports(Path(ctx.verl.path)) if m != "megatron.bridge"]
+    paths_of = _module_paths(ctx)
+    modules = [m for m in sorted(paths_of) if m != "megatron.bridge"]
     if not modules:
         return
+    off_path: list[str] = []
     for module in modules:
         result = ctx.imports.import_result(module)
-        if result.get("error") and not _through_modelopt(result):
-            missing = result.get("missing")
-            what = f"the package {package_of(missing)} is missing" if missing else "it fails"
-            yield Check(name, BLOCKED, f"import {module} (verl imports it to build/train/save the model): "
+        if not result.get("error") or _through_modelopt(result) or \
+                (result.get("missing") or "").split(".")[0] == "modelopt":
+            continue
+        missing = result.get("missing")
+        what = f"the package {package_of(missing)} is missing" if missing else "it fails"
+        paths = paths_of[module]
+        why = _gate(ctx, paths)
+        if why is not None:
+            yield Check(name, BLOCKED, f"import {module} (verl imports it {_where(ctx, module)}; {why}): "
                         f"{result['error']} — {what}", _missing_fix(ctx, result), "env-dependency")
             return
-    yield Check(name, OK, f"{len(modules)} modules import ({', '.join(m.removeprefix('megatron.bridge.') for m in modules)})")
+        off_path.append(f"{module} ({'/'.join(sorted(paths))} path: {result['error']})")
+        _off_path_warning(ctx, f"import {module} fails in the run's Python: {result['error']}", paths,
+                          _missing_fix(ctx, result))
+    short = ", ".join(m.removeprefix("megatron.bridge.") for m in modules)
+    if off_path:
+        yield Check(name, WARN, f"{len(modules) - len(off_path)}/{len(modules)} modules import; only on paths this "
+                    f"level does not take: {'; '.join(off_path)}", "see Limitations: a level that takes that path "
+                    "is Blocked until it imports")
+        return
+    yield Check(name, OK, f"{len(modules)} modules import ({short})")
+
+
+def _where(ctx: RunContext, module: str) -> str:
+    sites = [s for s in verl_bridge_sites(Path(ctx.verl.path)) if s.module == module]
+    return ", ".join(s.where() for s in sites[:2]) or "somewhere"
+
+
+def _modelopt_paths(ctx: RunContext) -> set[str]:
+    """The run paths that need modelopt: Bridge's training/checkpointing.py imports it at module level (verl imports
+    that file inside its checkpoint manager: the checkpoint path), QAT always, and whatever verl module the heavy
+    probe saw failing through modelopt (its own paths)."""
+    paths = {"qat"}
+    save_modules = [m for m, p in _module_paths(ctx).items() if "checkpointing" in m]
+    for m in save_modules:
+        paths |= _module_paths(ctx)[m]
+    if not save_modules and bridge_modelopt_imports(Path(ctx.bridge.path)):
+        paths.add("checkpoint")
+    if ctx.imports is not None:
+        for module, p in _module_paths(ctx).items():
+            result = ctx.imports.import_result(module)
+            if result.get("error") and (_through_modelopt(result)
+                                        or (result.get("missing") or "").split(".")[0] == "modelopt"):
+                paths |= p
+    return paths
+
+
+def install_hint(ctx: RunContext, why: str | None = None) -> str:
+    return modelopt_install_hint(ctx.environ, ctx.settings.modelopt_index_url, why)
 
 
 def check_modelopt_present(ctx: RunContext) -> Iterable[Check]:
-    """Preflight 4, cheap half: nvidia-modelopt is installed in the run's Python (verl's checkpoint paths need it)."""
+    """Preflight 4, cheap half: nvidia-modelopt in the run's Python — Blocked only where the level's path needs it
+    (checkpoint save/load, QAT); elsewhere a warning in the report."""
     found = _located(ctx) if ctx.probe else None
     if not isinstance(found, ImportProbe):
         return  # check_locations said why
-    if not found.present("modelopt"):
-        yield Check("modelopt", BLOCKED, f"{MODELOPT_PACKAGE} is not installed in the run's Python",
-                    "invoke install-modelopt", "env-dependency")
+    if found.present("modelopt"):
+        yield Check("modelopt", OK, f"{MODELOPT_PACKAGE} installed ({found.raw['present']['modelopt']})")
         return
-    yield Check("modelopt", OK, f"{MODELOPT_PACKAGE} installed ({found.raw['present']['modelopt']})")
+    paths = _modelopt_paths(ctx)
+    why = _gate(ctx, paths)
+    fix = install_hint(ctx)
+    if why is not None:
+        yield Check("modelopt", BLOCKED, f"{MODELOPT_PACKAGE} is not installed in the run's Python, and {why} "
+                    "(Bridge's training/checkpointing.py imports modelopt)", fix, "env-dependency")
+        return
+    _off_path_warning(ctx, f"{MODELOPT_PACKAGE} is not installed in the run's Python", paths, fix)
+    yield Check("modelopt", WARN, f"{MODELOPT_PACKAGE} is not installed in the run's Python: needed only on verl's "
+                f"{'/'.join(sorted(paths))} path ({_not_taken(ctx, paths)})", fix)
 
 
 def check_modelopt(ctx: RunContext) -> Iterable[Check]:
     """Preflight 4, heavy half: what Bridge's checkpointing imports from modelopt (verl's LoRA save path) imports —
-    a modelopt installed without its dependencies (pulp) is Blocked."""
+    a modelopt installed without its dependencies (pulp) is Blocked where the level saves/loads, a warning
+    elsewhere."""
     if ctx.imports is None:
         return
     name = "modelopt (LoRA save path)"
+    located_probe = _located(ctx)
+    if isinstance(located_probe, ImportProbe) and not located_probe.present("modelopt"):
+        yield Check(name, SKIPPED if _gate(ctx, _modelopt_paths(ctx)) is None else BLOCKED,
+                    f"{MODELOPT_PACKAGE} not installed (see 'modelopt')", install_hint(ctx),
+                    None if _gate(ctx, _modelopt_paths(ctx)) is None else "env-dependency")
+        return
     save_path = bridge_modelopt_imports(Path(ctx.bridge.path))
+    failure = None
     for module in save_path:
         result = ctx.imports.import_result(module)
         if result.get("error"):
-            yield Check(name, BLOCKED, f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA "
-                        f"save path) fails: {result['error']}", _missing_fix(ctx, result), "env-dependency")
+            failure = (f"import {module} (Bridge's training/checkpointing.py, on verl's LoRA save path) fails: "
+                       f"{result['error']}", result)
+            break
+    if failure is None:
+        for module, result in ctx.imports.raw.get("imports", {}).items():
+            if result.get("error") and _through_modelopt(result):
+                failure = (f"import {module} fails inside modelopt: {result['error']}", result)
+                break
+    if failure is not None:
+        detail, result = failure
+        paths = _modelopt_paths(ctx)
+        why = _gate(ctx, paths)
+        if why is not None:
+            yield Check(name, BLOCKED, f"{detail} ({why})", _missing_fix(ctx, result), "env-dependency")
             return
-    for module, result in ctx.imports.raw.get("imports", {}).items():
-        if result.get("error") and _through_modelopt(result):
-            yield Check(name, BLOCKED, f"import {module} fails inside modelopt: {result['error']}",
-                        _missing_fix(ctx, result), "env-dependency")
-            return
+        _off_path_warning(ctx, detail, paths, _missing_fix(ctx, result))
+        yield Check(name, WARN, f"{detail}: needed only on verl's {'/'.join(sorted(paths))} path "
+                    f"({_not_taken(ctx, paths)})", _missing_fix(ctx, result))
+        return
     if save_path:
         yield Check(name, OK, f"{', '.join(save_path)} imports (Bridge's training/checkpointing.py)")
+
+
+_READS = r"(\$\{{?{v}\b|\b{v}:-|\bexport\s+{v}\b|\b(?:os\.environ|getenv)\b[^\n]*['\"]{v}['\"])"
+# what a script sets for itself that decides what it runs (shown when it ignores the level's settings)
+_SCRIPT_KEYS = ("total_epochs", "total_training_steps", "n_gpus_per_node", "nnodes", "save_freq", "test_freq",
+                "lora.rank", "lora_rank", "use_mbridge", "vanilla_mbridge", "use_megatron_fsdp",
+                "tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
+_HYDRA_ARG = re.compile(r"(?<![\w.$])\+{0,2}([A-Za-z_][\w]*(?:\.[\w@]+)+)=(\"[^\"]*\"|'[^']*'|[^\s\\]+)")
+
+
+def reads_variable(text: str, name: str) -> bool:
+    return re.search(_READS.format(v=re.escape(name)), text) is not None
+
+
+def level_settings(ctx: RunContext) -> list[str]:
+    """The wrapper variables this level sets (every run's preset, plus the dummy model's), in preset order."""
+    names: dict[str, None] = {}
+    for env in ctx.run_envs or [ctx.wrapper_env]:
+        names.update(dict.fromkeys(env))
+    if ctx.dummy_config is not None:
+        names.update(dict.fromkeys(("USE_DUMMY_MODEL", "DUMMY_MODEL_CONFIG_PATH")))
+    return [n for n in names if n not in presets.NOT_LEVEL_SETTINGS]
+
+
+def script_settings(text: str) -> dict[str, str]:
+    """Hydra arguments a script writes itself for the keys that decide what it runs (later wins)."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for key, value in _HYDRA_ARG.findall(line):
+            if any(key.endswith(k) for k in _SCRIPT_KEYS):
+                found[key] = value.strip("'\"")
+    return found
+
+
+def check_wrapper_reads(ctx: RunContext) -> Iterable[Check]:
+    """Preflight 1: the script the level runs reads the variables the level sets. verl's wrapper at an old release
+    (v0.4.1: no USE_MBRIDGE, VANILLA_MBRIDGE or LORA_RANK; v0.5.0: no VANILLA_MBRIDGE or LORA_RANK) would silently
+    run something else: Blocked. A Level 4 --script is the user's choice: what it ignores, and what it does
+    instead, goes into the report."""
+    script = ctx.script or presets.WRAPPER
+    path = Path(script).expanduser()
+    full = path if path.is_absolute() else Path(ctx.verl.path) / path
+    try:
+        text = full.read_text(errors="replace")
+    except OSError:
+        return  # a missing wrapper or script is refused before preflight (bad invocation)
+    wanted = level_settings(ctx)
+    ignored = [v for v in wanted if not reads_variable(text, v)]
+    own = script_settings(text)
+    ctx.evidence["script_reads"] = {"script": script, "ignored": ignored, "own_settings": own}
+    save = next((v for k, v in own.items() if k.endswith("save_freq")), None)
+    if ctx.script and save not in (None, "-1") and "checkpoint" not in ctx.taken:
+        ctx.taken["checkpoint"] = f"--script {script} saves checkpoints (trainer.save_freq={save})"
+    name = "wrapper reads the level's settings" if not ctx.script else "--script reads the level's settings"
+    if not ignored:
+        yield Check(name, OK, f"{script} reads all {len(wanted)} variables the level sets")
+        return
+    if not ctx.script:
+        yield Check(name, BLOCKED, f"verl at {ctx.verl.head}: its wrapper ignores {', '.join(ignored)} "
+                    f"({script} never reads {'it' if len(ignored) == 1 else 'them'}): Level {ctx.level}'s settings "
+                    "would be silently dropped", "use a verl that has it (the procedure's verl: v0.9.0; set "
+                    "VERL_REPO)", "config")
+        return
+    instead = ", ".join(f"{k}={v}" for k, v in own.items()) or "its own defaults"
+    ctx.limitations.append(f"--script {script} ignores the level's settings {', '.join(ignored)}: it runs with "
+                           f"{instead} instead (what the script itself sets)")
+    yield Check(name, WARN, f"{script} ignores {', '.join(ignored)}; it will run with {instead}",
+                "pass what you need as Hydra overrides after -- (later wins), or use a script that reads them")
+
+
+def model_config(ctx: RunContext) -> tuple[dict, list[str]]:
+    """The model's HF config.json merged with --dummy-config (what the run builds), and the files read."""
+    config: dict = {}
+    sources: list[str] = []
+    for path in (Path(ctx.model_path) / "config.json" if ctx.model_path else None, ctx.dummy_config):
+        if path is not None and Path(path).is_file():
+            try:
+                data = json.loads(Path(path).read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict):
+                config.update(data)
+                sources.append(str(path))
+    return config, sources
+
+
+VISION_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "vision_encoder", "vit_config")
+
+
+def check_feature(ctx: RunContext) -> Iterable[Check]:
+    """Level 4 --feature: the model has what the feature is about (a VLM a vision config, a MoE model experts)."""
+    from sessions.run.level_rules import MOE_CONFIG_KEYS, expert_count  # noqa: PLC0415 - level rules import us
+
+    if ctx.level != 4 or ctx.feature is None:
+        return
+    name = f"--feature {ctx.feature}"
+    if ctx.feature not in ("vlm", "moe"):
+        yield Check(name, OK, f"feature {ctx.feature}: no model-config check for it (see Limitations)")
+        return
+    config, sources = model_config(ctx)
+    if not sources:
+        yield Check(name, WARN, "no model config.json to read yet: cannot tell whether the model has the feature")
+        return
+    where = " + ".join(sources)
+    if ctx.feature == "vlm":
+        keys = [k for k in VISION_KEYS if k in config]
+        if keys:
+            yield Check(name, OK, f"vision config present ({', '.join(keys)} in {where})")
+        else:
+            yield Check(name, BLOCKED, f"{where} has no vision config ({'/'.join(VISION_KEYS)}): not a VLM, the "
+                        "run would not exercise the feature", "use a VLM checkpoint for --feature vlm", "config")
+        return
+    experts = expert_count(config)
+    if experts:
+        yield Check(name, OK, f"{experts} routed experts ({where})")
+    else:
+        yield Check(name, BLOCKED, f"{where} has no {'/'.join(MOE_CONFIG_KEYS)}: not a MoE model, the run would "
+                    "not exercise the feature", "use a MoE checkpoint for --feature moe", "config")
+
+
+MOE_KERNELS = ("_moe_C_stable_libtorch", "_moe_C")  # vLLM's MoE ops: stable-ABI builds, then older ones
+
+
+def check_vllm_moe_kernels(ctx: RunContext) -> Iterable[Check]:
+    """A MoE model's rollout needs vLLM's compiled MoE ops (`ops.topk_softmax`): vLLM only warns when
+    `vllm._moe_C_stable_libtorch` is missing, and the engine dies later. Listed without importing vLLM."""
+    from sessions.run.level_rules import expert_count  # noqa: PLC0415
+
+    name = "vLLM MoE kernels"
+    found = _located(ctx) if ctx.probe else None
+    if not isinstance(found, ImportProbe) or not found.present("vllm"):
+        return
+    if ctx.wrapper_env.get("ENGINE", "vllm") != "vllm":
+        return
+    exts = found.raw.get("extensions", {}).get("vllm") or []
+    stable = any(e.endswith("_stable_libtorch") for e in exts)
+    kernel = MOE_KERNELS[0] if stable else MOE_KERNELS[1]
+    present = kernel in exts
+    config, sources = model_config(ctx)
+    experts = expert_count(config)
+    if present:
+        yield Check(name, OK, f"vllm.{kernel} present")
+        return
+    detail = f"vllm.{kernel} not found next to {found.raw['present']['vllm']}"
+    if experts:
+        yield Check(name, BLOCKED, f"{detail}, and the model has {experts} experts: vLLM's MoE ops "
+                    "(ops.topk_softmax) are missing, the rollout engine would die", f"install a vLLM build that "
+                    f"ships vllm/{kernel}*.so (the image's own vLLM)", "env-dependency")
+    else:
+        yield Check(name, WARN, f"{detail}: not needed for this dense model"
+                    + ("" if sources else " (no model config read)"))
 
 
 def check_data(ctx: RunContext) -> Iterable[Check]:
@@ -244,6 +495,16 @@ def check_model(ctx: RunContext) -> Iterable[Check]:
         if not ctx.dummy_config.is_file():
             yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} does not exist",
                         "pass --dummy-config a minimal HF config JSON", "data")
+            return
+        try:
+            parsed = json.loads(ctx.dummy_config.read_text())
+        except (OSError, ValueError) as e:
+            yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} is not valid JSON: {e}",
+                        "pass --dummy-config a minimal HF config JSON (an object of config keys)", "data")
+            return
+        if not isinstance(parsed, dict):
+            yield Check("dummy model config", BLOCKED, f"{ctx.dummy_config} holds a JSON {type(parsed).__name__}, "
+                        "not an object of HF config keys", "pass --dummy-config a minimal HF config JSON", "data")
             return
         ctx.limitations.append("dummy model (random weights): validates model construction and training "
                                "mechanics, not pretrained-weight compatibility")
@@ -468,6 +729,7 @@ def check_container_image(ctx: RunContext) -> Iterable[Check]:
 # decided (model path; check_apex before check_flash_attn).
 CHEAP: list[CheckFn] = [
     check_repos,
+    check_wrapper_reads,
     check_uv,
     check_locations,
     check_modelopt_present,
@@ -475,6 +737,8 @@ CHEAP: list[CheckFn] = [
     check_data,
     check_model,
     check_download_model,
+    check_feature,
+    check_vllm_moe_kernels,
     check_reward_model,
     check_gpus,
     check_nsys,
@@ -504,10 +768,37 @@ def _prefetch_cheap(ctx: RunContext) -> None:
 
 
 def _start_heavy(ctx: RunContext) -> None:
+    """The driver's imports and the Ray worker probe, at once. When neither answer is cached and the worker probe is
+    on, one process does both (the cluster starts while the stack imports: the stack is imported once, by the
+    driver; the worker only resolves where megatron.bridge comes from); else each fact on its own."""
     if not ctx.probe:
+        return
+    if ray_probe_on(ctx) and not ctx.settings.ray_address and not probe_cache.peek(ctx, "imports", _import_request(ctx)) \
+            and not probe_cache.peek(ctx, "ray", ["local"]):
+        ctx.facts.start("heavy", lambda: _combined(ctx))
+        ctx.facts.start("imports", lambda: ImportProbe(ctx.python, probe_cache.through(
+            ctx, "imports", _import_request(ctx), lambda: (ctx.facts.get("heavy", lambda: _combined(ctx))[0], True))))
+        ctx.facts.start("ray", lambda: RayProbe(**probe_cache.through(
+            ctx, "ray", ["local"], lambda: ctx.facts.get("heavy", lambda: _combined(ctx))[1])))
         return
     ctx.facts.start("imports", lambda: _heavy_imports(ctx))
     start_ray_probe(ctx)
+
+
+def _combined(ctx: RunContext) -> tuple[dict, tuple[dict, bool]]:
+    """(import answer, (Ray answer, complete)) from the one heavy process."""
+    from env.preflight.ray_probe import _driver_pythonpath  # noqa: PLC0415
+
+    own = run_entries(Path(ctx.bridge.path), Path(ctx.verl.path))
+    probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=_import_request(ctx),
+                          environ=ctx.environ,
+                          ray={"address": "", "pythonpath": ctx.pythonpath,
+                               "driver_pythonpath": _driver_pythonpath(ctx.environ, own)})
+    raw = dict(probe.raw)
+    answer = raw.pop("ray", None) or {"driver_error": "the heavy probe gave no Ray answer"}
+    ray = {"address": None, "workers": answer.get("workers") or [], "cluster_cpus": answer.get("cluster_cpus"),
+           "driver_error": answer.get("driver_error")}
+    return raw, (ray, ray["driver_error"] is None)
 
 
 def _run(fn: CheckFn, ctx: RunContext) -> list[Check]:
@@ -522,8 +813,10 @@ def _run(fn: CheckFn, ctx: RunContext) -> list[Check]:
 
 
 def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
-    """Cheap checks first; heavy probes only when none of them is Blocked. A level stops at the first Blocked check;
-    doctor (stop_at_blocked=False) shows every cheap check, and the heavy ones as not started after a cheap Blocked.
+    """Every cheap check, always: a cheap Blocked stops the run, not the diagnosis — and every check that shapes the
+    run (overrides, env) has run, so the planned command is the one a fixed environment would start. Then the heavy
+    probes: a level (stop_at_blocked) starts them only when no cheap check is Blocked; doctor starts them whenever
+    the run's Python can answer, and marks them as not run, with the reason, when it cannot.
     Wall times per phase and per probe, and which probes started, land in ctx.evidence["preflight_timings"]."""
     began = time.monotonic()
     checks: list[Check] = []
@@ -532,19 +825,20 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
     try:
         for fn in CHEAP:
             checks += _run(fn, ctx)
-            if stop_at_blocked and first_blocked(checks):
-                return checks
         timings["cheap_s"] = round(time.monotonic() - began, 3)
+        if not ctx.probe:
+            return checks
         blocked = first_blocked(checks)
-        if blocked is not None:
-            checks += [Check(name, SKIPPED, f"not started: '{blocked.name}' is Blocked (heavy probes run once the "
-                             "cheap checks pass)") for name in HEAVY_NAMES if ctx.probe]
+        cannot = _heavy_cannot_run(ctx)
+        if cannot is not None or (blocked is not None and stop_at_blocked):
+            why = (f"cannot run yet: {cannot}" if cannot is not None else
+                   f"not started: '{blocked.name}' is Blocked (heavy probes run once the cheap checks pass; "
+                   "`invoke doctor` runs them anyway)")
+            checks += [Check(name, SKIPPED, why) for name in HEAVY_NAMES]
             return checks
         _start_heavy(ctx)
         for fn in HEAVY:
             checks += _run(fn, ctx)
-            if stop_at_blocked and first_blocked(checks):
-                break
         return checks
     finally:
         timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
@@ -552,6 +846,14 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
             **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
             "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from)}
         ctx.facts.close()
+
+
+def _heavy_cannot_run(ctx: RunContext) -> str | None:
+    """Why the heavy probes cannot run at all (no Python to ask), None when they can."""
+    found = _located(ctx)
+    if isinstance(found, Check):
+        return found.detail
+    return None
 
 
 HEAVY_NAMES = ("megatron.bridge imports", "Ray worker imports the local Bridge", "modelopt (LoRA save path)")

@@ -96,6 +96,11 @@ class RunContext:
     user_overrides: list[str] = field(default_factory=list)  # the user's own, after `--`: they win over ours
     base_overrides: list[str] = field(default_factory=list)  # the level's own (level 3's three fusion overrides)
     fresh_probe: bool = False  # ignore the probe cache
+    level: int = 0
+    feature: str | None = None  # Level 4 --feature
+    script: str | None = None  # Level 4 --script (relative to VERL_REPO or absolute)
+    run_envs: list[dict[str, str]] = field(default_factory=list)  # every run's preset env (level 1: A and B)
+    taken: dict[str, str] = field(default_factory=dict)  # run path beyond the model build -> why this level takes it
     # decisions
     env: dict[str, str] = field(default_factory=dict)  # set for the run
     drop_env: list[str] = field(default_factory=list)  # removed for the run

@@ -88,6 +88,25 @@ def trees(ctx: RunContext) -> list[Path]:
     return [bridge / "src" / "megatron", bridge / MEGATRON_LM / "megatron", Path(ctx.verl.path) / "verl"]
 
 
+def _digest(ctx: RunContext, kind: str, request: Any) -> str | None:
+    from env.preflight.pythonpath import ProbeError, located  # noqa: PLC0415 - pythonpath imports nothing from here
+
+    try:
+        sys_path = located(ctx).raw.get("sys_path", [])
+    except ProbeError:
+        return None
+    source = Path(__file__).with_name("pythonpath.py" if kind == "imports" else "ray_probe.py")
+    return key(ctx.python, ctx.pythonpath, sys_path, trees(ctx), [request, tree_stamp(source.parent)])
+
+
+def peek(ctx: RunContext, kind: str, request: Any) -> bool:
+    """A cached answer would serve this request (and --fresh-probe is off)."""
+    if ctx.fresh_probe:
+        return False
+    digest = _digest(ctx, kind, request)
+    return digest is not None and (Path(ctx.settings.log_dir) / CACHE_DIR / f"{kind}-{digest}.json").is_file()
+
+
 def through(ctx: RunContext, kind: str, request: Any, run: Callable[[], tuple[Any, bool]]) -> Any:
     """`run()` -> (answer, complete), answered from the cache when its key matches (unless --fresh-probe); a
     complete answer is stored. The cache's time lands in ctx.facts.cached_from[kind]."""

@@ -9,10 +9,12 @@ import chain, so a dependency of a dependency (modelopt -> pulp) is named as suc
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,17 +55,74 @@ def origin(mod, do_import):
         except BaseException as e:
             res.update(failure(e))
     return res
-for mod in ("megatron.bridge", "megatron.core", "verl"):
-    out[mod] = origin(mod, heavy)
-out["present"] = {m: locate(m).get("file") for m in req.get("present", [])}
-out["imports"] = {m: origin(m, True) for m in req.get("imports", [])}
+def quiet(mod):
+    # find_spec without importing parent packages (vllm's __init__ is heavy and prints): walk the search path
+    import importlib.machinery
+    parts = mod.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+        for i in range(1, len(parts)):
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]),
+                                                            list(spec.submodule_search_locations))
+    except BaseException:
+        return None
+    if spec is None:
+        return None
+    return spec.origin if spec.origin not in (None, "namespace") else list(spec.submodule_search_locations)[0]
+def extensions(pkg):
+    # the compiled extension modules at the top of a package (names only; nothing imported)
+    import importlib.machinery, os
+    try:
+        spec = importlib.util.find_spec(pkg)
+    except BaseException:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = set()
+    for folder in spec.submodule_search_locations:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                if name.endswith(suffix):
+                    found.add(name[: -len(suffix)])
+    return sorted(found)
+def run_imports():
+    for mod in ("megatron.bridge", "megatron.core", "verl"):
+        out[mod] = origin(mod, heavy)
+    out["present"] = {m: quiet(m) for m in req.get("present", [])}
+    out["extensions"] = {p: extensions(p) for p in req.get("extensions", [])}
+    out["imports"] = {m: origin(m, True) for m in req.get("imports", [])}
+ray_req = req.get("ray")
+if ray_req is None:
+    run_imports()
+else:
+    # one process for the heavy phase: the imports run in a thread while this thread starts Ray and asks a worker;
+    # the cluster's daemons inherit the driver PYTHONPATH without the checkouts (the workers get them from
+    # runtime_env alone, as in the real run), while this process's own sys.path keeps them for the imports
+    import os, threading, time
+    os.environ["PYTHONPATH"] = ray_req["driver_pythonpath"]
+    began = time.monotonic()
+    thread = threading.Thread(target=run_imports, daemon=True)
+    thread.start()
+    namespace = {}
+    exec(ray_req["function"], namespace)
+    out["ray"] = namespace["ray_answer"](ray_req["address"], ray_req["pythonpath"])
+    out["ray_s"] = round(time.monotonic() - began, 3)
+    thread.join()
+    out["imports_s"] = round(time.monotonic() - began, 3)
 print(json.dumps(out))
 """
 
 # Packages whose presence preflight asks about (find_spec only).
 FLASH_ATTN_MODULES = ("flash_attn", "flash_attn_interface", "flash_attn_3")  # FA2, FA3 (TE uses either)
 APEX_FUSED = "fused_weight_gradient_mlp_cuda"
-PRESENCE = ("modelopt", "ray", APEX_FUSED, *FLASH_ATTN_MODULES)
+PRESENCE = ("modelopt", "ray", "pulp", "megatron.energon", "vllm", APEX_FUSED, *FLASH_ATTN_MODULES)
+EXTENSIONS = ("vllm",)  # packages whose compiled extensions preflight lists (vLLM's MoE kernels)
 
 # Import name -> the package that provides it, where the two differ (what `pip install` needs).
 PACKAGE_OF = {
@@ -113,8 +172,109 @@ _IMPORT_RE = r"^\s*(?:from\s+({p}[\w.]*)\s+import|import\s+({p}[\w.]*))"
 
 def imported_modules(files: list[Path], prefix: str) -> list[str]:
     """Modules named `prefix...` that these files import (any depth, also inside functions), sorted."""
+    return sorted({site.module for site in import_sites(files, prefix)})
+
+
+# -- where an import happens: module level, or inside which function (and under which `if`) ----------------------
+
+# The paths a run may or may not take. "model" is every run's (model build, LoRA, rollout, weight sync); the others
+# only runs that ask for them: "checkpoint" (save/load: SAVE_FREQ != -1, RESUME_MODE != disable) and "qat"
+# (ModelOpt quantization-aware training / quantized export: Level 4 --feature qat|quantized).
+MODEL_PATH, CHECKPOINT_PATH, QAT_PATH = "model", "checkpoint", "qat"
+_CHECKPOINT_WORDS = re.compile(r"(^|_)(save|load|checkpoint|ckpt|resume|restore)", re.I)
+_QAT_WORDS = re.compile(r"qat|modelopt|quantiz", re.I)
+
+
+@dataclass(frozen=True)
+class ImportSite:
+    """One `import`/`from ... import` of a module, as written in a file."""
+
+    module: str
+    file: str  # path relative to the scanned root when known
+    line: int
+    scope: str  # "module" or the enclosing Class.function
+    guard: str = ""  # the source of the enclosing `if` tests, innermost last ("" when none)
+
+    @property
+    def path(self) -> str:
+        """Which run path executes this import (see MODEL_PATH ...). Module level is every run's."""
+        if self.scope == "module":
+            return QAT_PATH if _QAT_WORDS.search(Path(self.file).name) else MODEL_PATH
+        if _QAT_WORDS.search(self.guard) or _QAT_WORDS.search(self.scope) or "/modelopt/" in f"/{self.file}":
+            return QAT_PATH
+        if "/checkpoint/" in f"/{self.file}" or any(_CHECKPOINT_WORDS.search(part)
+                                                   for part in self.scope.split(".")):
+            return CHECKPOINT_PATH
+        return MODEL_PATH
+
+    def where(self) -> str:
+        at = "at module level" if self.scope == "module" else f"in {self.scope}()"
+        return f"{self.file}:{self.line} {at}" + (f" under `if {self.guard}`" if self.guard else "")
+
+    def to_json(self) -> dict:
+        return {"module": self.module, "file": self.file, "line": self.line, "scope": self.scope,
+                "guard": self.guard, "path": self.path}
+
+
+class _SiteVisitor(ast.NodeVisitor):
+    def __init__(self, prefix: str, rel: str):
+        self.prefix, self.rel = prefix, rel
+        self.stack: list[tuple[str, str]] = []  # (class|def, name)
+        self.guards: list[str] = []
+        self.sites: list[ImportSite] = []
+
+    def _wanted(self, name: str | None) -> bool:
+        return bool(name) and (name == self.prefix or name.startswith(self.prefix + "."))  # type: ignore[union-attr]
+
+    def _add(self, module: str, node: ast.AST) -> None:
+        if any("TYPE_CHECKING" in g and not g.startswith("not (") for g in self.guards):
+            return  # never runs
+        in_function = any(kind == "def" for kind, _ in self.stack)
+        scope = ".".join(name for _, name in self.stack) if in_function else "module"
+        self.sites.append(ImportSite(module, self.rel, getattr(node, "lineno", 0), scope, " and ".join(self.guards)))
+
+    def _scoped(self, kind: str, node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self.stack.append((kind, node.name))
+        self.generic_visit(node)
+        self.stack.pop()
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._scoped("class", node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._scoped("def", node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self._scoped("def", node)
+
+    def visit_If(self, node: ast.If) -> None:
+        try:
+            test = ast.unparse(node.test)
+        except Exception:  # noqa: BLE001 - a guard we cannot print is no guard
+            test = ""
+        self.visit(node.test)
+        for branch, guard in ((node.body, test), (node.orelse, f"not ({test})")):
+            self.guards.append(guard)
+            for child in branch:
+                self.visit(child)
+            self.guards.pop()
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if self._wanted(alias.name):
+                self._add(alias.name, node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level == 0 and self._wanted(node.module):
+            self._add(node.module, node)  # type: ignore[arg-type]
+
+
+def import_sites(files: list[Path], prefix: str, root: Path | None = None) -> list[ImportSite]:
+    """Every import of a `prefix...` module in these files, with where it happens (module level or inside which
+    function, under which `if`). A file that does not parse falls back to the line pattern (scope unknown: treated
+    as module level, the path every run takes)."""
     pattern = re.compile(_IMPORT_RE.format(p=re.escape(prefix)), re.MULTILINE)
-    found: set[str] = set()
+    sites: list[ImportSite] = []
     for path in files:
         try:
             text = path.read_text(errors="replace")
@@ -122,15 +282,40 @@ def imported_modules(files: list[Path], prefix: str) -> list[str]:
             continue
         if prefix not in text:
             continue
-        found.update(a or b for a, b in pattern.findall(text))
-    return sorted(found)
+        try:
+            rel = str(path.relative_to(root)) if root else str(path)
+        except ValueError:
+            rel = str(path)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            for m in pattern.finditer(text):
+                sites.append(ImportSite(m.group(1) or m.group(2), rel, text.count("\n", 0, m.start()) + 1, "module"))
+            continue
+        visitor = _SiteVisitor(prefix, rel)
+        visitor.visit(tree)
+        sites += visitor.sites
+    return sites
+
+
+def verl_bridge_sites(verl_repo: Path) -> list[ImportSite]:
+    """Where this verl checkout imports Bridge modules (read from its package source, so the list follows the verl
+    version under test)."""
+    root = Path(verl_repo)
+    return import_sites(sorted((root / "verl").rglob("*.py")), "megatron.bridge", root)
+
+
+def module_paths(sites: list[ImportSite]) -> dict[str, set[str]]:
+    """module -> the run paths that import it (one import on the model path puts it on every run's path)."""
+    out: dict[str, set[str]] = {}
+    for site in sites:
+        out.setdefault(site.module, set()).add(site.path)
+    return out
 
 
 def verl_bridge_imports(verl_repo: Path) -> list[str]:
-    """The Bridge modules this verl checkout imports (model build, LoRA, checkpoint save/load): read from its
-    package source, so the list follows the verl version under test."""
-    package = Path(verl_repo) / "verl"
-    return imported_modules(sorted(package.rglob("*.py")), "megatron.bridge")
+    """The Bridge modules this verl checkout imports (model build, LoRA, checkpoint save/load), sorted."""
+    return sorted({s.module for s in verl_bridge_sites(verl_repo)})
 
 
 def bridge_modelopt_imports(bridge_repo: Path) -> list[str]:
@@ -139,18 +324,26 @@ def bridge_modelopt_imports(bridge_repo: Path) -> list[str]:
     return imported_modules([path], "modelopt")
 
 
-
 class ProbeError(Exception):
     pass
 
 
 def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout: float = 300,
                   imports: list[str] | tuple[str, ...] = (), heavy: bool = True,
-                  environ: dict[str, str] | None = None) -> ImportProbe:
+                  environ: dict[str, str] | None = None, ray: dict | None = None) -> ImportProbe:
     """One probe process: origins of Bridge/core/verl (heavy: also imported), presence of PRESENCE, and the given
-    imports."""
+    imports. ray={"address", "pythonpath", "driver_pythonpath"}: the Ray worker probe runs in the same process, at
+    the same time (raw["ray"] holds its answer)."""
     env = dict(os.environ if environ is None else environ, PYTHONPATH=pythonpath)
-    request = json.dumps({"heavy": heavy, "present": list(PRESENCE), "imports": list(imports)})
+    request_data: dict = {"heavy": heavy, "present": list(PRESENCE), "imports": list(imports),
+                          "extensions": list(EXTENSIONS)}
+    if ray is not None:
+        from env.preflight.ray_probe import RAY_FUNCTION  # noqa: PLC0415 - ray_probe imports this module
+
+        request_data["ray"] = {**ray, "function": RAY_FUNCTION}
+        env.pop("RAY_ADDRESS", None)
+        env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    request = json.dumps(request_data)
     try:
         proc = subprocess.run(
             [python, "-c", _PROBE, request], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout

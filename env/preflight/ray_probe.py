@@ -29,56 +29,63 @@ if TYPE_CHECKING:
 PROBE_TIMEOUT_S = 180.0  # local cluster start + worker start; a hung probe must not eat the run
 
 # Runs in the run's Python; prints one JSON line. argv: address ("" = throwaway local), worker PYTHONPATH.
-_RAY_PROBE = r"""
-import json, sys
-address, pythonpath = sys.argv[1], sys.argv[2]
-out = {}
-try:
-    import ray
-except BaseException as e:
-    print(json.dumps({"driver_error": f"cannot import ray: {type(e).__name__}: {e}".splitlines()[0]}))
-    sys.exit(0)
-runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
-try:
-    if address:
-        ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
-    else:
-        ray.init(address="local", num_cpus=1, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
-except BaseException as e:
-    print(json.dumps({"driver_error": f"ray.init failed: {type(e).__name__}: {e}".splitlines()[0]}))
-    sys.exit(0)
+# One function, run in the run's Python: by the Ray probe alone, or in the import probe's own process (the heavy
+# phase's one process: the cluster starts while the imports run). Returns the probe's JSON answer.
+RAY_FUNCTION = r"""
+def ray_answer(address, pythonpath):
+    import json, sys
+    out = {}
+    try:
+        import ray
+    except BaseException as e:
+        return {"driver_error": f"cannot import ray: {type(e).__name__}: {e}".splitlines()[0]}
+    runtime_env = {"env_vars": {"PYTHONPATH": pythonpath}}
+    try:
+        if address:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        else:
+            ray.init(address="local", num_cpus=1, include_dashboard=False, runtime_env=runtime_env,
+                     log_to_driver=False)
+    except BaseException as e:
+        return {"driver_error": f"ray.init failed: {type(e).__name__}: {e}".splitlines()[0]}
 
-@ray.remote(num_cpus=0)
-def where():
-    import importlib, importlib.util, os, socket
-    res = {"host": socket.gethostname(), "pythonpath": os.environ.get("PYTHONPATH", ""), "python": sys.executable}
-    for mod in ("megatron.bridge", "megatron.core"):
-        try:
-            m = importlib.import_module(mod)
-            res[mod] = {"file": getattr(m, "__file__", None) or list(getattr(m, "__path__", []))[0]}
-        except BaseException as e:
-            info = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+    @ray.remote(num_cpus=0)
+    def where():
+        import importlib.util, os, socket
+        res = {"host": socket.gethostname(), "pythonpath": os.environ.get("PYTHONPATH", ""), "python": sys.executable}
+        for mod in ("megatron.bridge", "megatron.core"):
+            # where the worker resolves it (find_spec: no module code runs). The import itself is the driver
+            # probe's, in the same Python with the same PYTHONPATH: nothing is imported twice.
             try:
                 spec = importlib.util.find_spec(mod)
-                if spec is not None and spec.origin:
-                    info["file"] = spec.origin
-            except BaseException:
-                pass
-            res[mod] = info
-    return res
+            except BaseException as e:
+                res[mod] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+                continue
+            if spec is None:
+                res[mod] = {"error": f"ModuleNotFoundError: No module named '{mod}'"}
+            elif spec.origin not in (None, "namespace"):
+                res[mod] = {"file": spec.origin}
+            else:
+                res[mod] = {"file": list(spec.submodule_search_locations)[0]}
+        return res
 
-try:
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-            for n in nodes] or [where.remote()]
-    out["workers"] = ray.get(refs, timeout=90)
-    out["cluster_cpus"] = ray.cluster_resources().get("CPU", 0)
-except BaseException as e:
-    out["driver_error"] = f"worker probe failed: {type(e).__name__}: {e}".splitlines()[0]
-finally:
-    ray.shutdown()
-print(json.dumps(out))
+    try:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        refs = [where.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+                for n in nodes] or [where.remote()]
+        out["workers"] = ray.get(refs, timeout=90)
+        out["cluster_cpus"] = ray.cluster_resources().get("CPU", 0)
+    except BaseException as e:
+        out["driver_error"] = f"worker probe failed: {type(e).__name__}: {e}".splitlines()[0]
+    finally:
+        ray.shutdown()
+    return out
+"""
+# Runs in the run's Python; prints one JSON line. argv: address ("" = throwaway local), worker PYTHONPATH.
+_RAY_PROBE = RAY_FUNCTION + r"""
+import json, sys
+print(json.dumps(ray_answer(sys.argv[1], sys.argv[2])))
 """
 
 
@@ -146,9 +153,13 @@ def _ray_fact(ctx: RunContext) -> RayProbe:
     return RayProbe(**probe_cache.through(ctx, "ray", ["local"], run))
 
 
+def ray_probe_on(ctx: RunContext) -> bool:
+    return bool(ctx.probe and ctx.settings.values.get("ray_probe", True))
+
+
 def start_ray_probe(ctx: RunContext) -> None:
     """Start the worker probe next to the driver's import probe (the heavy phase), when it is switched on."""
-    if ctx.probe and ctx.settings.values.get("ray_probe", True):
+    if ray_probe_on(ctx):
         ctx.facts.start("ray", lambda: _ray_fact(ctx))
 
 
@@ -202,7 +213,12 @@ def check_ray_worker(ctx: RunContext) -> Iterable[Check]:
         ctx.evidence.setdefault("worker_bridge_file", bridge_file)
         core = worker.get("megatron.core", {})
         ctx.evidence.setdefault("worker_core_file", core.get("file"))
-        detail = f"{where}, worker on {host}: megatron.bridge from {bridge_file}"
+        detail = (f"{where}, worker on {host} resolves megatron.bridge to {bridge_file} (find_spec; imported "
+                  "once, by the driver probe, same Python)")
+        driver_error = ctx.imports.error_of("megatron.bridge") if ctx.imports is not None else None
+        if driver_error and not bridge.get("error"):
+            # found where it should be, but the same Python cannot import it: never a ✔
+            bridge = dict(bridge, error=driver_error)
         if bridge.get("error"):
             # the checkout is found but does not import: never a ✔ (the driver check names the missing package)
             yield Check(name, BLOCKED, f"{detail}, but importing it fails: {bridge['error']}",

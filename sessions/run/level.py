@@ -265,6 +265,35 @@ def replay_command(verl_repo: str, run: PlannedRun, drop_env: list[str]) -> str:
     return f"cd {shlex.quote(verl_repo)} && env {unset}{assigns} {shlex.join(run.argv)}"
 
 
+def command_sh(ctx: RunContext, settings: Resolved, planned: list[PlannedRun]) -> str:
+    """The run directory's command.sh: what the run starts, byte for byte what its --dry-run prints (Blocked runs
+    too: every cheap check has shaped the runs, whatever stopped them)."""
+    return ("#!/usr/bin/env bash\n# replay of this run (secrets not included; export them yourself)\nset -euo pipefail\n"
+            + "".join(("" if settings.ray_address else f"(cd {shlex.quote(ctx.verl.path)} && ray stop --force || true)\n")
+                      + replay_command(ctx.verl.path, run, ctx.drop_env) + "\n" for run in planned))
+
+
+def bridge_checks_step(settings: Resolved, ctx: RunContext, opts: LevelOptions) -> str:
+    """What the level does for the Bridge-side checks before verl, without doing it (for --dry-run)."""
+    from sessions.bridge_unit.records import find_record
+    from sessions.bridge_unit.session import ALLOW_MISSING, NOXFILE, _covers, requested_paths
+
+    if opts.skip_bridge_checks:
+        return "# Bridge-side checks: not requested (--skip-bridge-checks; a Limitation)"
+    paths = requested_paths(opts.bridge_tests)
+    record = find_record(Path(settings.log_dir), ctx.bridge)
+    if record is not None and _covers(record, paths, opts.allow_missing):
+        return (f"# Bridge-side checks: reuse the bridge_unit record of Bridge {ctx.bridge.head} in this state "
+                f"({record.get('status', '?')}): {record.get('path', '')}")
+    argv = ["nox", "-f", str(NOXFILE), "-s", "bridge_unit", "--", *opts.bridge_tests]
+    if opts.allow_missing:
+        argv.append(ALLOW_MISSING)
+    stop = "" if opts.keep_going else "; verl starts only if they pass (--keep-going to start anyway)"
+    return (f"# Bridge-side checks first (no bridge_unit record of Bridge {ctx.bridge.head} in this state), in "
+            f"{ctx.bridge.path}: uv sync --locked --group test, then pytest on {len(paths)} path(s){stop}\n"
+            f"BRIDGE_REPO={shlex.quote(ctx.bridge.path)} {shlex.join(argv)}")
+
+
 def _save_run(run_dir: Path, run: dict) -> None:
     tmp = run_dir / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(run, indent=2, default=str))
@@ -296,6 +325,9 @@ def build_context(opts: LevelOptions, settings: Resolved, probe: bool, dry_run: 
         no_reward_model=opts.no_reward_model, image_python=environ.get("VERL_E2E_IMAGE_PYTHON") == "1",
         dummy_config=opts.dummy_config, download=opts.download, environ=environ, dry_run=dry_run,
         user_overrides=list(opts.extra_overrides), base_overrides=list(level.overrides), fresh_probe=opts.fresh_probe,
+        level=opts.number, feature=opts.feature, script=opts.script,
+        run_envs=[presets.level_env(level, opts.variant, spec) for spec in level.runs],
+        taken=presets.level_paths(opts.number, opts.variant, opts.feature, opts.extra_overrides),
     )
 
 
@@ -311,7 +343,7 @@ def prepare_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_di
 
 
 def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: list[Check],
-                   planned: list[PlannedRun]) -> None:
+                   planned: list[PlannedRun], opts: LevelOptions) -> None:
     print(f"# run directory, named when the run starts: {run_dir}")
     for run in planned:
         print(f"# run {run.name}: environment = this shell's, with:")
@@ -324,6 +356,15 @@ def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: l
             print(f"# then, in {ctx.verl.path}: ray stop --force")
         print(f"# command (cwd {ctx.verl.path}):")
         print(shlex.join(run.argv))
+    print(bridge_checks_step(settings, ctx, opts))
+    print("# command.sh (the run directory's replayable command: what the run starts)")
+    sys.stdout.write(command_sh(ctx, settings, planned))
+    if ctx.level == 4:
+        from sessions.run.level_rules import feature_limitations
+
+        print(f"# Level 4: feature {opts.feature or 'unspecified'} via {opts.script or presets.WRAPPER}")
+        for lim in feature_limitations(opts.feature, opts.script, None, list(opts.extra_overrides)):
+            print(f"#   limitation: {lim}")
     print("# preflight (the run's own checks; nothing downloaded or installed)")
     print(status_table(checks))
     blocked = first_blocked(checks)
@@ -343,13 +384,13 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         ctx.limitations.append("enforce_eager=True: vLLM CUDA-graph capture not exercised")
     if verbose or settings.verbose:  # also for the processes this level starts (nox -s bridge_unit)
         os.environ[progress.VERBOSE_ENV] = "1"
-    variant = f"-{opts.variant}" if opts.variant else ""
+    variant = f"-{opts.variant}" if opts.variant else (f"-{opts.feature}" if opts.feature else "")
     label = f"level{number}{variant}"
 
     if opts.dry_run:
         run_dir = next_run_dir(Path(settings.log_dir), label, settings.model_id)
         checks, planned = prepare_runs(opts, settings, ctx, run_dir, stop_at_blocked=False)
-        _print_dry_run(ctx, settings, run_dir, checks, planned)
+        _print_dry_run(ctx, settings, run_dir, checks, planned, opts)
         return 0
 
     run_dir = new_run_dir(Path(settings.log_dir), label, settings.model_id)
@@ -370,10 +411,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         "checkpoint_dir": str(run_dir / "checkpoints") if level.owns_checkpoints else None,
     }
     (run_dir / "env.json").write_text(json.dumps(redact_env(planned[0].env), indent=2, sort_keys=True))
-    (run_dir / "command.sh").write_text(
-        "#!/usr/bin/env bash\n# replay of this run (secrets not included; export them yourself)\nset -euo pipefail\n"
-        + "".join(("" if settings.ray_address else f"(cd {shlex.quote(ctx.verl.path)} && ray stop --force || true)\n")
-                  + replay_command(ctx.verl.path, run, ctx.drop_env) + "\n" for run in planned))
+    (run_dir / "command.sh").write_text(command_sh(ctx, settings, planned))
     _save_run(run_dir, record)
 
     if blocked is None:
@@ -468,30 +506,37 @@ def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
 
 
 def _import_deliverable(record: dict, judged: list[tuple[dict, Verdict]]) -> Deliverable:
+    """Pass only on an import that ran (the heavy probe imported megatron.bridge in the run's Python, the Ray worker
+    saw the same checkout); a location that find_spec found is a note, and the deliverable "Not shown"."""
+    name = "Local Bridge import in verl"
     checks = {c["name"]: c for c in record["preflight"]}
-    bridge_check = checks.get("megatron.bridge is the local checkout")
-    imported = checks.get("megatron.bridge imports")  # found where it should be, but does it import?
-    if bridge_check is not None and bridge_check["status"] != BLOCKED and imported and imported["status"] == BLOCKED:
-        return Deliverable("Local Bridge import in verl", "Blocked", f"{imported['name']}: {imported['detail']}")
-    if bridge_check is None:
-        # the import probe ran but stopped short of that check: its own result, never "did not run"
-        ran = checks.get("megatron.bridge imports") or checks.get("driver imports")
-        if ran is not None and ran["status"] == BLOCKED:
-            return Deliverable("Local Bridge import in verl", "Blocked", f"{ran['name']}: {ran['detail']}")
-        if ran is not None:
-            return Deliverable("Local Bridge import in verl", "Skipped", f"{ran['name']}: {ran['detail']}")
-        return Deliverable("Local Bridge import in verl", "Skipped", "preflight stopped before the import check")
-    if bridge_check["status"] == BLOCKED:
-        return Deliverable("Local Bridge import in verl", "Blocked",
-                           f"{bridge_check['detail']} — wrong Bridge: no evidence for the local change")
+    location = checks.get("megatron.bridge is the local checkout")
+    imported = checks.get("megatron.bridge imports")
+    worker = checks.get("Ray worker imports the local Bridge")
     for _, v in judged:
         if v.category in ("env-ray-import", "wrong-bridge"):
-            return Deliverable("Local Bridge import in verl", "Blocked", f"{v.first_error} ({v.hint})")
-    detail = f"megatron.bridge from {bridge_check['detail']} (PYTHONPATH={record['pythonpath']})"
-    worker = record.get("evidence", {}).get("worker_bridge_file")
-    if worker:
-        detail += f"; Ray worker imports {worker}"
-    return Deliverable("Local Bridge import in verl", "Pass", detail)
+            return Deliverable(name, "Blocked", f"{v.first_error} ({v.hint})")
+    if location is not None and location["status"] == BLOCKED:
+        return Deliverable(name, "Blocked", f"{location['detail']} — wrong Bridge: no evidence for the local change")
+    if imported is not None and imported["status"] == BLOCKED:
+        return Deliverable(name, "Blocked", f"{imported['name']}: {imported['detail']}")
+    if worker is not None and worker["status"] == BLOCKED:
+        return Deliverable(name, "Blocked", f"{worker['name']}: {worker['detail']}")
+    if imported is None or imported["status"] not in ("ok", "warn"):
+        why = imported["detail"] if imported is not None else "the import probe did not run"
+        note = (f"note: find_spec locates megatron.bridge at {location['detail']} (a location, not an import)"
+                if location is not None and location["status"] != "skipped" else "no location probed either")
+        ran = checks.get("driver imports") or checks.get("run's Python")
+        if location is None and ran is not None and ran["status"] == BLOCKED:
+            return Deliverable(name, "Blocked", f"{ran['name']}: {ran['detail']}")
+        return Deliverable(name, "Not shown", f"no import ran ({why}); {note}")
+    detail = f"{imported['detail']} (PYTHONPATH={record['pythonpath']})"
+    worker_file = record.get("evidence", {}).get("worker_bridge_file")
+    if worker_file:
+        detail += f"; Ray worker: megatron.bridge from {worker_file}"
+    elif worker is not None:
+        detail += f"; Ray worker not shown ({worker['detail']})"
+    return Deliverable(name, "Pass", detail)
 
 
 def _restated_settings(record: dict, judged: list[tuple[dict, Verdict]]) -> set[str]:
@@ -517,6 +562,8 @@ def summarize_run_dir(run_dir: Path) -> dict:
         else {"status": "Skipped", "detail": "preflight stopped first", "limitations": []})
     blocked = record.get("blocked")
     variant = f" --variant {record['variant']}" if record.get("variant") else ""
+    if record["options"].get("feature") and not judged:  # judged: the level rule's coverage names it
+        variant += f" --feature {record['options']['feature']}"
     what = f"LoRA + {'Megatron-FSDP' if level.env.get('USE_MEGATRON_FSDP') == 'True' else 'Megatron DDP'}"
 
     deliverables = [Deliverable("Bridge-side checks", bc["status"], bc["detail"]),

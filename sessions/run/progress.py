@@ -66,6 +66,14 @@ def duration(seconds: float) -> str:
 # The status of one run
 
 
+def _phase_rank(phase: str) -> int:
+    """A phase's place in a healthy run (verdict.PHASES); phases outside that list rank as the first. Training and
+    checkpoint alternate every save step: one rank."""
+    from sessions.judge.verdict import PHASE_INDEX  # noqa: PLC0415 - the judge's table, loaded with the display
+
+    return PHASE_INDEX.get("training" if phase == "checkpoint" else phase, -1)
+
+
 @dataclass
 class Status:
     label: str  # "verl", "verl run A", "Bridge-side checks"
@@ -91,17 +99,17 @@ class Status:
         """Take the engine's view; True when the phase or the step changed (a plain line is due)."""
         changed = False
         if step > self.step:
-            if not self.step_times:
-                self.step_times.append((self.step, self.phase_since))  # the loop's start: before the first step
-            self.step_times.append((step, now))
+            self.step_times.append((step, now))  # step ticks only: engine start-up is not a step's time
             self.step, changed = step, True
-        if phase != self.phase:
+        if phase != self.phase and _phase_rank(phase) >= _phase_rank(self.phase):
+            # the engine's phase can step back (a model-build line after model-built): the display never does
             self.phase, self.phase_since, changed = phase, now, True
         self.steps_expected = steps_expected or self.steps_expected
         return changed
 
     def seconds_left(self, now: float) -> float | None:
-        """Rough time left: the mean time per step so far times the steps to go (None before a step ticked)."""
+        """Rough time left: the mean time between step ticks times the steps to go (None before two steps ticked:
+        the first step's time holds the engines' start-up, not a step's)."""
         total = self.total
         if not total or self.step >= total or len(self.step_times) < 2:
             return None

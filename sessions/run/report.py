@@ -19,12 +19,13 @@ DELIVERABLES = (
     "Log capture",
 )
 PASSING = ("Pass", "Not requested")
+NOT_SHOWN = "Not shown"  # requested, but no probe or run showed it: never a Pass
 
 
 @dataclass
 class Deliverable:
     name: str
-    status: str  # Pass | Fail | Blocked | Skipped | Not requested
+    status: str  # Pass | Fail | Blocked | Skipped | Not requested | Not shown (nothing exercised it)
     detail: str
 
 
@@ -33,7 +34,7 @@ def overall_result(deliverables: list[Deliverable]) -> str:
     statuses = [d.status for d in deliverables]
     if "Fail" in statuses:
         return "Fail"
-    if "Blocked" in statuses or "Skipped" in statuses:
+    if "Blocked" in statuses or "Skipped" in statuses or NOT_SHOWN in statuses:
         return "Blocked"
     return "Pass"
 
@@ -76,7 +77,7 @@ def render_junit(summary: dict) -> str:
         elif d["status"] == "Blocked":
             errors += 1
             body = f"<error type=\"Blocked\" message={msg}>{escape(d['detail'])}</error>"
-        elif d["status"] in ("Skipped", "Not requested"):
+        elif d["status"] in ("Skipped", "Not requested", NOT_SHOWN):
             skipped += 1
             body = f"<skipped message={quoteattr(d['status'] + ': ' + d['detail'])}/>"
         cases.append(f'    <testcase classname={quoteattr(summary["suite"])} name={quoteattr(d["name"])}>{body}</testcase>')
