@@ -161,16 +161,6 @@ SLURM_STATUS = FlagTable((
 ))
 
 
-def _job_id(job: str) -> str:
-    import re
-
-    from env.settings import UsageError
-
-    if not re.fullmatch(r"\d+(_\d+)?(\.\w+)?", job.strip()):
-        raise UsageError(f"--job must be a Slurm job id (digits, as `invoke slurm --detach` prints it), got {job!r}")
-    return job.strip()
-
-
 @declare(SLURM_STATUS)
 def slurm_status(c, job, log_dir, json):
     """State of a detached job: squeue/sacct/scontrol, else the job's own exit file and run directory summary.
@@ -183,7 +173,7 @@ def slurm_status(c, job, log_dir, json):
     from env.settings import config_section, resolve
 
     settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
-    return status_command(_job_id(job), Path(settings.log_dir), as_json=json)
+    return status_command(str(job), Path(settings.log_dir), as_json=json)
 
 
 SLURM_LOGS = FlagTable((
@@ -203,7 +193,7 @@ def slurm_logs(c, job, log_dir, follow):
     from env.settings import config_section, resolve
 
     settings = resolve({"log_dir": log_dir}, None, config_section(c.config))
-    return logs_command(_job_id(job), Path(settings.log_dir), follow=follow)
+    return logs_command(str(job), Path(settings.log_dir), follow=follow)
 
 
 def _plan_table() -> FlagTable:

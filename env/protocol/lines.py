@@ -29,14 +29,22 @@ def say_run_dir(path: object, file=None) -> None:
     print(run_dir_line(path), file=file or sys.stdout, flush=True)
 
 
+def note_run_dir(path: object) -> None:
+    """Remember a run directory announced with a line of its own (plan's, bisect's)."""
+    _announced[:] = [str(path)]
+
+
 def announced_run_dir() -> str | None:
     return _announced[0] if _announced else None
 
 
 def find_run_dir(line: str) -> str | None:
     """The path of a run-directory line (also inside a redrawn terminal line), else None."""
-    m = _RUN_DIR_RE.search(line.replace("\r", "\n").rsplit("\n", 1)[-1] if "\r" in line else line)
-    return m.group(1) if m else None
+    for segment in reversed(line.split("\r")):  # a redrawn terminal line: the last segment that is one
+        m = _RUN_DIR_RE.search(segment)
+        if m:
+            return m.group(1)
+    return None
 
 
 def find_run_dir_bytes(line: bytes) -> str | None:

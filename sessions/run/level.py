@@ -35,7 +35,7 @@ from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, requ
 from sessions.bridge_unit.records import BridgeChecks, not_requested
 from sessions.judge.verdict import Verdict
 from sessions.run import level_rules, progress
-from sessions.run.launch import redact_env, run_logged, secret_values
+from sessions.run.launch import leftover_checks, redact_env, run_logged, secret_values
 from sessions.run.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
 from sessions.run.rundir import new_run_dir, next_run_dir
 
@@ -312,7 +312,7 @@ def prepare_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_di
     """Preflight, then the runs it shapes (env, dropped variables, appended overrides such as the Apex, nsys and
     reward-model ones): the one computation behind both a level run and its --dry-run, so that the dry-run prints
     exactly the command the run starts."""
-    checks = run_checks(ctx, stop_at_blocked=stop_at_blocked)
+    checks = leftover_checks(Path(settings.log_dir)) + run_checks(ctx, stop_at_blocked=stop_at_blocked)
     if not stop_at_blocked or first_blocked(checks) is None:
         checks += level_rules.level_checks(opts.number, ctx)
     return checks, plan_runs(opts, settings, ctx, run_dir)
