@@ -155,7 +155,8 @@ def config_section(invoke_config: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if invoke_config is None:
         return out
-    check_config_keys(getattr(invoke_config, "_project", None))
+    for layer in ("_project", "_runtime"):  # invoke.yaml beside tasks.py, `invoke -f FILE`
+        check_config_keys(getattr(invoke_config, layer, None))
     for source in (invoke_config, invoke_config.get("verl_e2e") or {}):
         for s in SETTINGS:
             if s.name in source and source[s.name] is not None:

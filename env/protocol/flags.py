@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -161,6 +162,9 @@ def validate(table: FlagTable | Iterable[Flag], values: Mapping[str, Any]) -> di
         raw = values.get(flag.name)
         if flag.required and (raw is None or (isinstance(raw, str) and not raw.strip())):
             raise UsageError(f"{flag.option} is required")
+        if flag.required and isinstance(raw, str) and raw.startswith("-") and not os.path.exists(raw):
+            # invoke hands an unknown flag to a required positional argument (`judge --bogus`)
+            raise UsageError(f"No idea what {raw!r} is! ({flag.option} not given)")
         out[flag.name] = convert(flag, raw)
     shown = {f.name for f in table.flags if given(f, values.get(f.name))}
     for a, b in table.conflicts:
@@ -188,8 +192,11 @@ def task_from_table(table: FlagTable, body: Callable[..., Any], *, name: str, do
         return body(c, **values)
 
     params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.signature_default())
+    # a required flag has no default: invoke also takes it as a positional argument (`invoke report RUN_DIR`)
+    params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                 default=inspect.Parameter.empty if f.required else f.signature_default())
                for f in table.flags]
+    params.sort(key=lambda p: p.default is not inspect.Parameter.empty)  # Python: no default before a default
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__doc__ = doc

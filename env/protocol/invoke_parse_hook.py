@@ -189,12 +189,24 @@ def closed_stdout_exit() -> None:
     os._exit(exits.CLOSED_STDOUT)
 
 
+def _test_pause() -> None:
+    """For the test of Ctrl-C while tasks.py loads: say so in a file, then wait (VERL_E2E_TEST_LOAD_*)."""
+    marker = os.environ.get("VERL_E2E_TEST_LOAD_MARKER")
+    if marker:
+        import time
+
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(float(os.environ.get("VERL_E2E_TEST_LOAD_PAUSE_S") or 0))
+
+
 def install() -> None:
     """Called while tasks.py loads (invoke loads the collection before the project config and the task args)."""
     from invoke.config import Config
     from invoke.program import Program
 
     interrupt_as_exit()
+    _test_pause()
     if not getattr(sys.excepthook, _MARK, False):
         sys.excepthook = _closed_stdout_hook(sys.excepthook)
         setattr(sys.excepthook, _MARK, True)
@@ -235,16 +247,21 @@ def install() -> None:
     setattr(parse_tasks, _MARK, True)
     Program.parse_tasks = parse_tasks  # type: ignore[method-assign]
 
-    original_load = Config.load_project
+    for name in ("load_project", "load_runtime"):  # invoke.yaml beside tasks.py; `invoke -f FILE`
+        setattr(Config, name, _one_line_config_errors(getattr(Config, name), name))
 
-    @functools.wraps(original_load)
-    def load_project(self: Config, *args: Any, **kwargs: Any) -> None:
+
+def _one_line_config_errors(original, name: str):
+    @functools.wraps(original)
+    def load(self: Any, *args: Any, **kwargs: Any) -> None:
         try:
-            return original_load(self, *args, **kwargs)
+            return original(self, *args, **kwargs)
+        except Exit:
+            raise
         except Exception as e:  # noqa: BLE001 - yaml.YAMLError, a non-mapping file, ...: one line, exit 2
-            where = getattr(self, "_project_path", None) or "invoke.yaml"
+            which = "runtime config (-f)" if name == "load_runtime" else "invoke.yaml"
             text = " ".join(str(e).split())
-            raise Exit(f"error: {where}: not a valid config file: {type(e).__name__}: {text[:300]}",
+            raise Exit(f"error: {which}: not a valid config file: {type(e).__name__}: {text[:300]}",
                        code=exits.BAD_USAGE) from None
 
-    Config.load_project = load_project  # type: ignore[method-assign]
+    return load

@@ -344,6 +344,8 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     opts, setting_flags = parse_options(number, flags, task_remainder(c))
     settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
     require_writable_dir(settings, "log_dir")
+    if settings.verl_repo is not None:
+        _validate_script(opts, str(settings.verl_repo))  # before the checkouts are read
     ctx = build_context(opts, settings, probe=True, dry_run=opts.dry_run)
     _validate_script(opts, ctx.verl.path)
     level = presets.LEVELS[number]
