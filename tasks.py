@@ -245,7 +245,7 @@ def plan(c, **flags):
 
 
 BISECT = FlagTable((
-    Flag("good", None, "a commit where the level passes (required)", required=True),
+    Flag("good", None, "a commit where the level passes (required)", nonempty=True),
     Flag("bad", None, "a commit where it does not (default HEAD)", nonempty=True),
     Flag("repo", "bridge", "the checkout to bisect: bridge (BRIDGE_REPO, default) or verl (VERL_REPO)", kind="choice",
          choices=("bridge", "verl")),

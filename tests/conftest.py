@@ -166,7 +166,9 @@ def workspace(_templates, tmp_path, ray_shim) -> Workspace:
            if not k.startswith(("BRIDGE_", "VERL_", "MODEL_", "FIXTURE_", "RAY_", "ROCR_", "CUDA_VISIBLE"))
            # nox's uv backend exports its own project environment: a user's shell has none (the uv launcher
            # would otherwise probe nox's venv instead of VERL_REPO/.venv)
-           and k != "UV_PROJECT_ENVIRONMENT"}
+           and k != "UV_PROJECT_ENVIRONMENT"
+           # pytest-xdist's workers export COLUMNS=80 LINES=24: a user's terminal tells its own size
+           and k not in ("COLUMNS", "LINES")}
     env.update(
         HOME=str(home), BRIDGE_REPO=str(ws.bridge), VERL_REPO=str(ws.verl), MODEL_ID="Qwen/Qwen2.5-0.5B",
         MODEL_PATH=str(ws.model), RM_MODEL_PATH=str(ws.reward_model), TRAIN_FILES=str(ws.data / "train.parquet"),

@@ -101,7 +101,7 @@ BAD: list[tuple[tuple[str, ...], int, str]] = [
     (("bisect", "--good", "HEAD~1", "level0", "--bogus"), 2, "No idea what '--bogus' is"),
     (("bisect", "--good", "HEAD~1", "level5", "--steps", "abc"), 2, "--steps must be an integer"),
     (("bisect", "--good", "HEAD~1", "nosuchtask"), 2, "no task 'nosuchtask'"),
-    (("bisect", "level0"), 2, "good"),
+    (("bisect", "level0"), 2, "--good REF is required"),
     # remote (refused before any connection)
     (("remote",), 2, "host"),
     (("remote", "--host", "gpu01", "nosuchtask"), 2, "no task 'nosuchtask'"),
@@ -228,3 +228,13 @@ def test_a_bad_input_does_not_depend_on_cwd(readme_venv, workspace, argv, tmp_pa
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and out.startswith("error: ") and "Traceback" not in out, out
     assert "No idea what '--bogus' is" in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_a_hydra_override_holding_a_space_stays_one_token(readme_venv, workspace):  # noqa: F811
+    """invoke hands the overrides after `--` over space-joined; the tool keeps the tokens as given."""
+    env = dict(workspace.env, PATH=f"{readme_venv}/bin{os.pathsep}{workspace.env['PATH']}")
+    proc = subprocess.run(["invoke", "level0", "--dry-run", "--", "trainer.experiment_name=a b", "trainer.foo=1"],
+                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    command = next(line for line in proc.stdout.splitlines() if line.startswith("bash "))
+    assert command.endswith(" 'trainer.experiment_name=a b' trainer.foo=1"), command

@@ -315,7 +315,7 @@ def test_ctrl_c_stops_the_level_and_restores_branch_submodule_and_stash(workspac
     (lambda h: ["--good", h.good, "--on", "oom=maybe", "level0"], "want FAIL-CATEGORY=bad"),
     (lambda h: ["--good", h.good, "--on", "flaky=bad", "level0"], "unknown Fail category 'flaky'"),
     (lambda h: ["--good", h.good, "--max-steps", "0", "level0"], "--max-steps must be >= 1"),
-    (lambda h: ["--good", h.good, "--repo", "nemo", "level0"], "--repo must be bridge or verl"),
+    (lambda h: ["--good", h.good, "--repo", "nemo", "level0"], "--repo must be one of bridge, verl"),
     (lambda h: ["--good", h.good, "level0", "--bogus"], "level0: No idea what '--bogus' is"),
     (lambda h: ["--good", h.good, "level0", "--dry-run"], "drop --dry-run"),
     (lambda h: ["--good", h.c(12), "level0"], "are the same commit"),

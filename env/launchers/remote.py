@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,6 +155,12 @@ def remote_task(
     if not forwarded and not sync_only:
         raise UsageError("name the task to run on the host (e.g. `invoke remote --host gpu01 level0 ...`) "
                          "or pass --sync-only")
+    missing = [tool for tool in ("ssh", "rsync") if shutil.which(tool) is None]
+    if missing and not dry_run:  # a missing dependency, as everywhere else: Blocked, one line, nothing touched
+        err.write(f"error: {' and '.join(missing)} not found on PATH: install {' '.join(missing)} "
+                  f"(e.g. apt-get install openssh-client rsync)\n".encode())
+        err.flush()
+        return EXIT_BLOCKED
     task_line, repo_flags = take_repo_flags(forwarded)
     settings = resolve(repo_flags)
     ssh_config = ssh_config or os.environ.get("VERL_E2E_SSH_CONFIG") or None
