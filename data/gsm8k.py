@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from env.protocol import exits
+
 # pyarrow is imported where a parquet file is read: importing this module (every `invoke` task does, through
 # tasks.py) must not cost pyarrow's 0.7 s start-up, e.g. for `invoke judge`.
 
@@ -95,7 +97,7 @@ def prep_data(verl_repo: Path, out_dir: Path, local_dataset_path: Path | None, p
     script = Path(verl_repo) / PREPROCESS_SCRIPT
     if not script.is_file():
         echo(f"error: {script} not found (is VERL_REPO a verl checkout?)")
-        return 1
+        return exits.BLOCKED
     argv = prep_argv(python, out_dir, local_dataset_path)
     if local_dataset_path is not None and "--local_dataset_path" not in argv:
         echo(f"{local_dataset_path} does not exist: verl's script downloads openai/gsm8k from the hub instead")
@@ -110,11 +112,12 @@ def prep_data(verl_repo: Path, out_dir: Path, local_dataset_path: Path | None, p
         proc = subprocess.run(argv, cwd=verl_repo, env=env, capture_output=True, text=True)
     except FileNotFoundError:
         echo(f"error: Python {python!r} not found (set VERL_PYTHON / --python)")
-        return 1
+        return exits.BLOCKED
     if proc.returncode != 0:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()] or ["no output"]
         echo(f"error: {PREPROCESS_SCRIPT} failed (exit {proc.returncode}): {lines[-1]}")
-        return 1
+        # a missing package (datasets, verl's own imports) is the environment, as everywhere else: Blocked
+        return exits.BLOCKED if "No module named" in proc.stderr else exits.FAIL
     problems = [p for f in files for p in validate_parquet(f)]
     if problems:
         echo(f"error: {PREPROCESS_SCRIPT} wrote invalid parquet: {'; '.join(problems)}")

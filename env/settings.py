@@ -148,15 +148,54 @@ def resolve(
 
 
 def config_section(invoke_config: Any) -> dict[str, Any]:
-    """The invoke.yaml keys that name settings (top level, or under a `verl_e2e:` section)."""
+    """The invoke.yaml keys that name settings (top level, or under a `verl_e2e:` section).
+
+    A key of the project's invoke.yaml that is neither a setting nor one of invoke's own is refused (UsageError:
+    a misspelt `nmu_gpus` must not silently fall back to the default)."""
     out: dict[str, Any] = {}
     if invoke_config is None:
         return out
+    for layer in ("_project", "_runtime"):  # invoke.yaml beside tasks.py, `invoke -f FILE`
+        check_config_keys(getattr(invoke_config, layer, None))
     for source in (invoke_config, invoke_config.get("verl_e2e") or {}):
         for s in SETTINGS:
             if s.name in source and source[s.name] is not None:
                 out[s.name] = source[s.name]
     return out
+
+
+SECTION = "verl_e2e"
+
+
+def check_config_keys(project: Any) -> None:
+    """Unknown keys of the project config file (top level, or in its `verl_e2e:` section) → UsageError."""
+    import difflib
+
+    if not isinstance(project, Mapping) or not project:
+        return
+    try:
+        from invoke.config import Config
+
+        invoke_keys = set(Config.global_defaults())
+    except Exception:  # noqa: BLE001 - no invoke (a library use of this module): settings only
+        invoke_keys = set()
+    names = set(BY_NAME)
+    problems = []
+    for key in project:
+        if key == SECTION:
+            section = project[key]
+            if section is not None and not isinstance(section, Mapping):
+                problems.append(f"{SECTION}: must be a mapping of settings")
+                continue
+            problems += [f"{SECTION}.{k}" for k in (section or {}) if k not in names]
+        elif key not in names and key not in invoke_keys:
+            problems.append(str(key))
+    if problems:
+        hints = []
+        for p in problems:
+            close = difflib.get_close_matches(p.split(".")[-1], sorted(names), n=1)
+            hints.append(f"{p} (did you mean {close[0]}?)" if close else p)
+        raise UsageError(f"invoke.yaml: unknown key(s): {', '.join(hints)}; settings are: {', '.join(sorted(names))}")
 
 
 def writable_dir_problem(path: Path) -> str | None:

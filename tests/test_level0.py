@@ -204,7 +204,8 @@ def test_sigint_to_invoke_stops_the_wrapper_group_and_keeps_the_log(workspace):
     assert log is not None, "the run never reached training"
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 3, out
+    assert proc.returncode == 130, out  # interrupted (issue 27: one exit code per outcome)
+    assert out.rstrip().splitlines()[-1] == f"interrupted; run directory: {log.parent}", out
     text = log.read_text()
     assert "Training Progress" in text and "interrupted (SIGINT)" in text
     assert "wrapper exit code" in text
@@ -248,7 +249,7 @@ def test_dry_run_prints_env_and_command_and_starts_nothing(workspace):
         (("level0",), {"BRIDGE_REPO": "/nonexistent/Megatron-Bridge"}, "does not exist"),
         (("level0",), {"VERL_REPO": "<verl>/verl"}, "not the top of a git checkout"),
         (("level0", "--model", "not a model id"), {}, "--model must look like ORG/NAME"),
-        (("level0", "--num-gpus", "many"), {}, "not a valid int"),
+        (("level0", "--num-gpus", "many"), {}, "--num-gpus must be an integer, got 'many'"),
         (("level2", "--variant", "sparse"), {}, "--variant must be one of dense, moe"),
         (("level0", "--bogus-flag"), {}, "No idea what '--bogus-flag' is"),
         (("level0",), {"VERL_REPO": ""}, "VERL_REPO is not set"),
@@ -259,7 +260,7 @@ def test_dry_run_prints_env_and_command_and_starts_nothing(workspace):
          "error: LOG_DIR <ws>/home/.bashrc-file/logs cannot be used: <ws>/home/.bashrc-file is not a directory"),
         (("level0", "--stall-timeout", "-1"), {}, "error: --stall-timeout must be >= 0, got -1"),
         (("level0", "--dry-run"), {"STALL_TIMEOUT_MIN": "-0.5"}, "error: STALL_TIMEOUT_MIN must be >= 0, got -0.5"),
-        (("level0", "--stall-timeout", "nan"), {}, "error: --stall-timeout='nan' is not a valid float"),
+        (("level0", "--stall-timeout", "nan"), {}, "error: --stall-timeout must be a finite number, got 'nan'"),
         (("judge", "--log", "/dev/null"), {}, "error: --log /dev/null is not a regular file"),
         (("judge", "--log", "<ws>/home"), {}, "error: --log <ws>/home is not a regular file"),
         # given on the command line, a missing copy is a typo: no fallback to a hub download
@@ -363,7 +364,7 @@ def test_sigint_while_the_bridge_checks_run_leaves_a_blocked_summary_and_starts_
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 3, out
+    assert proc.returncode == 130, out  # interrupted; the summary still says Blocked
     run_dir = only_run_dir(workspace)
     assert not (run_dir / "verl.log").exists(), "--keep-going must not start verl after a Ctrl-C"
     md, summary = summary_of(run_dir)

@@ -193,9 +193,9 @@ def test_frozen_adapter_zero_grad_constant_logprobs_and_missing_peft_block_are_f
 def test_real_h200_level5_log_prob_check_reads_log_probs_and_kl_never_the_validity_flag():
     """h200_s2_level5_six_steps.log (issue 16.6): `training/rollout_probs_diff_valid` is 1.0 at every step; the
     real log-prob/KL metrics moved (actor/kl_loss 5.2e-7 -> 1.36e-6), so the log-probs are not constant."""
-    from tests.test_real_logs import REAL_LOGS
+    from tests.conftest import real_logs
 
-    v = judge_log(REAL_LOGS / "h200_s2_level5_six_steps.log")
+    v = judge_log(real_logs() / "h200_s2_level5_six_steps.log")
     assert v.result == "Pass" and v.steps_completed == 6
     assert {v.step_metrics[s]["training/rollout_probs_diff_valid"] for s in range(1, 7)} == {1.0}
     assert v.step_metrics[1]["actor/kl_loss"] == 5.22647525258435e-07

@@ -66,7 +66,9 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has stopped running (no init reaps it in a container)
 
 
-def _start_sleepy(trees: Trees, tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+def _start_sleepy(trees: Trees, tmp_path: Path, reaper=None) -> tuple[subprocess.Popen, list[int]]:
+    """The remote `invoke sleepy` (its pids in a file: the event waited on); with `reaper`, its whole local tree
+    and the remote pids (127.0.0.1) are killed when the test ends, also when it failed."""
     pids_file = tmp_path / "remote-pids"
     driver = (
         "import sys; from pathlib import Path; from env.launchers.remote import remote_task\n"
@@ -77,13 +79,18 @@ def _start_sleepy(trees: Trees, tmp_path: Path) -> tuple[subprocess.Popen, list[
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", driver], cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
+    if reaper is not None:
+        reaper(proc)
+    deadline = time.monotonic() + 180  # generous: the event is the pid file, not the time
     while not (pids_file.exists() and pids_file.read_text().endswith("\n")):
         assert proc.poll() is None, proc.stdout.read().decode()
         assert time.monotonic() < deadline, "the remote task did not start"
         time.sleep(0.1)
     time.sleep(0.3)
     pids = [int(p) for p in pids_file.read_text().split()]
+    if reaper is not None:
+        for pid in pids:
+            reaper(pid)
     assert all(_alive(p) for p in pids)
     return proc, pids
 
@@ -95,20 +102,36 @@ def _wait_dead(pids: list[int], seconds: float) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
-def test_ctrl_c_stops_the_remote_task_and_its_children_and_still_copies_the_log(trees, tmp_path):
-    proc, pids = _start_sleepy(trees, tmp_path)
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_the_remote_task_and_its_children_and_still_copies_the_log(trees, tmp_path, reaper):
+    proc, pids = _start_sleepy(trees, tmp_path, reaper)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=60)
+    output, _ = proc.communicate(timeout=300)
     output = output.decode()
     assert proc.returncode == 130, output
-    assert _wait_dead(pids, 10) == [], "orphans left on the remote"  # the grandchild ignored SIGINT
+    assert _wait_dead(pids, 60) == [], "orphans left on the remote"  # the grandchild ignored SIGINT
     assert "stopping the remote task" in output
     assert (trees.log_dir / "run-sleepy/run.log").read_text() == "started\ninterrupted\n"
     assert "Traceback" not in output
 
 
-def test_a_dropped_connection_stops_the_remote_task(trees, tmp_path):
-    proc, pids = _start_sleepy(trees, tmp_path)
+@pytest.mark.timeout(600)
+def test_a_failed_ctrl_c_test_leaves_nothing_running(trees, tmp_path):
+    """What the reaper does when a Ctrl-C test fails midway (here: before its Ctrl-C): the local driver, its ssh,
+    the remote `invoke sleepy` and its sleep child are all gone afterwards."""
+    from tests.conftest import kill_tree
+
+    registered: list = []
+    proc, pids = _start_sleepy(trees, tmp_path, registered.append)
+    for item in registered:  # the reaper's finaliser, run here so the test can look afterwards
+        kill_tree(getattr(item, "pid", item))
+    proc.wait(timeout=30)
+    assert _wait_dead(pids, 60) == [], "left running after the test's finaliser"
+
+
+@pytest.mark.timeout(600)
+def test_a_dropped_connection_stops_the_remote_task(trees, tmp_path, reaper):
+    proc, pids = _start_sleepy(trees, tmp_path, reaper)
     proc.kill()  # no chance to clean up here: the remote watcher sees the channel close
     proc.wait()
     assert _wait_dead(pids, 20) == [], "orphans left on the remote after the connection dropped"

@@ -257,7 +257,7 @@ def test_invoke_slurm_refusals_are_one_line_exit_2(spaced):
     env = {**os.environ, **spaced}
     for args, message in ((["slurm", "--image", "verlai/verl:sgl059.latest", "level0"], "sglang-flavoured"),
                           (["slurm"], "name the task"),
-                          (["slurm", "--gpus", "two", "level0"], "bad value")):
+                          (["slurm", "--gpus", "two", "level0"], "--gpus must be an integer")):
         out = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env=env, capture_output=True,
                              text=True, timeout=60)
         assert out.returncode == 2, (args, out.stdout, out.stderr)

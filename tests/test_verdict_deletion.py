@@ -53,6 +53,13 @@ def _real_non_pass() -> list[dict[str, str]]:
     return [row for row in index_rows() if "pass" not in row["expected_result"].lower()]
 
 
+def test_the_real_logs_are_there_for_the_deletion_test():
+    """Without ../shared/real-logs the parametrized test below has no cases: say why (skip), or fail in CI."""
+    from tests.conftest import real_logs
+
+    assert _real_non_pass(), f"no non-Pass row in {real_logs() / 'INDEX.tsv'}"
+
+
 @pytest.mark.parametrize("row", _real_non_pass(), ids=lambda row: row["file"])
 def test_deleting_the_deciding_line_of_a_real_log_changes_its_verdict(row, tmp_path):
     path = REAL_LOGS / row["file"]

@@ -120,10 +120,10 @@ def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
     """Hyperscan (when installed) and the bytes.find fallback hand the judge the same lines: same verdicts."""
     from sessions.judge.logstream import NeedleMatcher
     from sessions.judge.verdict import SCAN_NEEDLES_BYTES, scan_matcher
-    from tests.test_real_logs import REAL_LOGS
+    from tests.conftest import real_logs
 
     plain = NeedleMatcher(SCAN_NEEDLES_BYTES, use_hyperscan=False)
-    logs = sorted(REAL_LOGS.glob("*.log")) + sorted((Path(__file__).parent / "logs").glob("*.log"))
+    logs = sorted(real_logs().glob("*.log")) + sorted((Path(__file__).parent / "logs").glob("*.log"))
     assert len(logs) > 100
     for path in logs:
         assert list(scan_file(path, plain)) == list(scan_file(path, scan_matcher())), path.name

@@ -12,8 +12,8 @@ drops) the task is interrupted, then terminated, then killed — nothing keeps r
 from __future__ import annotations
 
 import os
-import re
 import shlex
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +21,12 @@ from typing import BinaryIO
 
 from env.launchers.remote_host import RemoteHost, RemoteUnavailable
 from env.launchers.sync import SyncPlan, TransferFailed, apply_plan, local_trees, make_plan
+from env.protocol import exits, lines
 from env.settings import PROJECT_ROOT, UsageError, resolve
 
 DEFAULT_REMOTE_ROOT = "verl-e2e"  # under the remote home
 REMOTE_DIR_NAMES = {"bridge": "Megatron-Bridge", "verl": "verl", "tool": "verl-bridge-e2e"}
-RUN_DIR_LINE = re.compile(rb"\[verl-e2e\] run directory: (.+?)\s*$")
-EXIT_BLOCKED, EXIT_BAD_USAGE = 3, 2
+EXIT_BLOCKED, EXIT_BAD_USAGE, EXIT_INTERRUPTED = exits.BLOCKED, exits.BAD_USAGE, exits.INTERRUPTED
 RESET_SIGINT_AND_EXEC = "import os,signal,sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
 
 
@@ -155,6 +155,12 @@ def remote_task(
     if not forwarded and not sync_only:
         raise UsageError("name the task to run on the host (e.g. `invoke remote --host gpu01 level0 ...`) "
                          "or pass --sync-only")
+    missing = [tool for tool in ("ssh", "rsync") if shutil.which(tool) is None]
+    if missing and not dry_run:  # a missing dependency, as everywhere else: Blocked, one line, nothing touched
+        err.write(f"error: {' and '.join(missing)} not found on PATH: install {' '.join(missing)} "
+                  f"(e.g. apt-get install openssh-client rsync)\n".encode())
+        err.flush()
+        return EXIT_BLOCKED
     task_line, repo_flags = take_repo_flags(forwarded)
     settings = resolve(repo_flags)
     ssh_config = ssh_config or os.environ.get("VERL_E2E_SSH_CONFIG") or None
@@ -202,9 +208,9 @@ def remote_task(
         run_dirs: list[str] = []
 
         def watch(line: bytes) -> None:
-            match = RUN_DIR_LINE.search(line.replace(b"\r", b""))
-            if match:
-                run_dirs.append(match.group(1).decode(errors="replace"))
+            found = lines.find_run_dir_bytes(line)
+            if found:
+                run_dirs.append(found)
 
         status, interrupted = remote.stream(command, out, err, on_line=watch)
         if not run_dirs:  # the task died before printing it: take what appeared in the remote LOG_DIR
@@ -213,7 +219,7 @@ def remote_task(
         _copy_back(remote, run_dirs, roots["tool"], Path(settings.log_dir), say)
         if status is None:
             err.write(f"error: lost the connection to {remote.display} before the task finished\n".encode())
-            return 130 if interrupted else EXIT_BLOCKED
+            return EXIT_INTERRUPTED if interrupted else EXIT_BLOCKED
         return status
     except (RemoteUnavailable, TransferFailed) as e:
         err.write(f"error: {e}\n".encode())
@@ -239,7 +245,7 @@ def _task_command(roots: dict[str, str], *, settings_paths: RemoteLayout, task_l
         env["VERL_REPO"] = roots["verl"]
     line = list(task_line)
     if remainder.strip():
-        line += ["--", *remainder.split()]  # invoke hands the remainder over space-joined
+        line += ["--", *shlex.split(remainder)]  # shell-quoted tokens (env/protocol/cli.py task_remainder)
     script = task_wrapper_script(tool=roots["tool"], python=python, env=env, task_line=line, grace_s=grace_s)
     return f"bash -lc {shlex.quote(script)}"
 
@@ -258,4 +264,5 @@ def _copy_back(remote: RemoteHost, run_dirs: list[str], remote_tool: str, local_
             say(f"[verl-e2e] could not copy {remote.display}:{source} back: {proc.stderr.strip()[-300:]}")
             continue
         say(f"[verl-e2e] copied {remote.display}:{source} back")
-        say(f"[verl-e2e] run directory: {target}")
+        say(lines.run_dir_line(target))
+        lines.note_run_dir(target)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
+from env.protocol import exits, lines
 from env.settings import (
     BY_NAME,
     PROJECT_ROOT,
@@ -396,7 +397,7 @@ def require_binaries(*names: str) -> None:
 
 
 STEP_STARTED = f"{TOOL_PREFIX} slurm step: job".encode()
-EXIT_BLOCKED = 3  # as a level's Blocked: the cluster, not the Bridge, stopped it
+EXIT_BLOCKED = exits.BLOCKED  # as a level's Blocked: the cluster, not the Bridge, stopped it
 
 
 def pyxis_missing() -> str | None:
@@ -450,7 +451,7 @@ def run_attached(p: SlurmPlan) -> int:
     if not started and code != 0:
         return _blocked(f"srun exited {code} before the step started (see srun's message above): cluster setup, "
                         f"not a verdict")
-    _say(f"slurm step exit code {code}")
+    print(lines.slurm_step_footer(code), flush=True)
     return code
 
 

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from env.launchers.slurm import JOBS_SUBDIR
+from env.protocol import lines
 from env.settings import TOOL_PREFIX, UsageError
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}
-RUN_DIR_LINE = re.compile(rb"\[verl-e2e\] run directory: (.+)")
 
 
 @dataclass
@@ -90,9 +90,7 @@ def find_run_dir(log: Path) -> Path | None:
     found = None
     with open(log, "rb") as f:
         for line in f:
-            m = RUN_DIR_LINE.search(line)
-            if m:
-                found = m.group(1).strip().decode(errors="replace")
+            found = lines.find_run_dir_bytes(line) or found
     return Path(found) if found else None
 
 

@@ -14,9 +14,7 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
+from env.protocol import child as child_protocol
+from env.protocol import exits, lines
+from env.protocol.child import invoke_argv
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import PROJECT_ROOT, TOOL_PREFIX, Resolved, UsageError, config_section, resolve
 from sessions.bisect.checkout import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
@@ -33,16 +34,15 @@ from sessions.run.progress import Relay
 from sessions.run.rundir import new_run_dir
 
 PROJECT = PROJECT_ROOT
-EXIT_FOUND, EXIT_BAD_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = 0, 2, 3, 130
+EXIT_FOUND, EXIT_BAD_USAGE, EXIT_AMBIGUOUS, EXIT_INTERRUPTED = exits.FOUND, exits.BAD_USAGE, exits.BLOCKED, exits.INTERRUPTED
 # A Fail of these categories is about the code under test; any other Fail (oom, nccl, hang, ...) says little
 # about the commit and is skipped unless --on says otherwise. "bridge-checks": the Bridge's own unit tests failed.
 DEFAULT_BAD = ("provider", "checkpoint", "nan-metrics", "bridge-checks")
 STEP_CATEGORIES = (*CATEGORIES, "bridge-checks")
 FAIL_CATEGORIES = tuple(c for c in STEP_CATEGORIES if c not in ("success", "interrupted"))
-RUN_DIR_LINE = re.compile(re.escape(TOOL_PREFIX) + r" run directory: (.+?)\s*$")
 # a level stopped by Ctrl-C still stops verl (GRACE_S, then KILL) and writes its summary; below the 60 s that
 # `invoke remote` grants this whole task before its own SIGTERM
-STOP_GRACE_S = 45
+STOP_GRACE_S = child_protocol.STOP_GRACE_S
 REPLAY_FILE = "bisect-replay.log"
 REUSED_RESULTS = ("Pass", "Fail")  # verdicts about the commit; Blocked and interrupted runs say nothing lasting
 
@@ -69,8 +69,7 @@ class LevelLine:
 
     def argv(self) -> list[str]:
         extra = shlex.split(self.remainder) if self.remainder.strip() else []
-        return [sys.executable, "-m", "invoke", "--search-root", str(PROJECT), f"level{self.number}", *self.args,
-                *(["--", *extra] if extra else [])]
+        return invoke_argv([f"level{self.number}", *self.args, *(["--", *extra] if extra else [])])
 
     def display(self) -> str:
         return shlex.join(["invoke", f"level{self.number}", *self.args]) + (f" -- {self.remainder}" if
@@ -222,51 +221,12 @@ class LevelRunner:
         return None
 
     def run(self) -> tuple[int | None, Path | None, list[str], bool]:
-        """(exit code, run directory, last output lines, interrupted) of `invoke levelN ...` here and now."""
-        proc = subprocess.Popen(self.line.argv(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                bufsize=1, errors="replace", start_new_session=True)  # Ctrl-C reaches it via us
-        found: list[str] = []
-        tail: list[str] = []
+        """(exit code, run directory, last output lines, interrupted) of `invoke levelN ...` here and now
+        (env/protocol/child.py: on Ctrl-C the level stops verl and writes its summary before we go on)."""
+        from env.protocol.child import run_task
 
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                self.echo(line.rstrip("\n"))
-                tail[:] = (tail + [line.rstrip("\n")])[-8:]
-                m = RUN_DIR_LINE.search(line.rstrip("\n"))
-                if m:
-                    found.append(m.group(1))
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        interrupted = False
-        try:
-            code = proc.wait()
-        except KeyboardInterrupt:
-            interrupted = True
-            code = _stop(proc)
-        reader.join(timeout=10)
-        return code, (Path(found[-1]) if found else None), tail, interrupted
-
-
-def _stop(proc: subprocess.Popen) -> int | None:
-    """Ctrl-C for the level (it stops verl and writes its summary), then TERM, then KILL; meanwhile further Ctrl-C
-    and SIGTERM are ignored (the checkout must not move under a level that is still stopping)."""
-    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        for sig, grace in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                return proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                continue
-        return proc.poll()
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        child = run_task(self.line.argv()[len(invoke_argv([])):], self.echo, grace_s=STOP_GRACE_S)
+        return child.code, child.run_dir, child.tail, child.interrupted
 
 
 # ---------------------------------------------------------------- the bisection
@@ -587,7 +547,7 @@ def bisect_command(c: Any, *, good: str | None, bad: str | None, repo: str, max_
     b = Bisection(Options(good, bad, repo, steps, rules, on_given, stash), line)
     report_dir = new_run_dir(Path(line.settings.log_dir), f"bisect-{line.label}", line.settings.model_id)
     _say(f"{b.checkout.path}: {b.good[:12]} (good) .. {b.bad[:12]} (bad); level: {line.display()}")
-    print(f"{TOOL_PREFIX} run directory: {report_dir}", flush=True)
+    lines.say_run_dir(report_dir)
     started = time.time()
     display = shlex.join(["invoke", "bisect", "--good", good, *(["--bad", bad] if bad else []), "--repo", repo,
                           *(["--max-steps", str(steps)] if steps else []),
@@ -609,7 +569,7 @@ def bisect_command(c: Any, *, good: str | None, bad: str | None, repo: str, max_
     print((report_dir / "summary.md").read_text(), flush=True)
     for p in b.restore_problems:
         print(f"{TOOL_PREFIX} bisect: PROBLEM restoring {b.checkout.path}: {p}", file=sys.stderr, flush=True)
-    print(f"{TOOL_PREFIX} run directory: {report_dir}", flush=True)
+    lines.say_run_dir(report_dir)
     return summary["exit_code"]
 
 

@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -28,7 +27,9 @@ from typing import Any
 import git
 
 from env import presets
-from env.protocol.cli import EXIT_BY_RESULT, task_remainder
+from env.protocol import lines as tool_lines
+from env.protocol.cli import task_remainder
+from env.protocol.exits import BY_RESULT as EXIT_BY_RESULT
 from env.repos import RepoError, open_repo
 from env.settings import PROJECT_ROOT, TOOL_PREFIX, UsageError, config_section, resolve
 from sessions.plan import reach as plan_reach
@@ -755,41 +756,22 @@ class LevelResult:
 
 
 RANK = {"Fail": 4, "Blocked": 3, "Skipped": 2, "Pass": 1, "Not requested": 0}
-RUN_DIR_LINE = re.compile(re.escape(TOOL_PREFIX) + r" run directory: (.+)$")
-
-
-def _invoke_argv(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "invoke", "--search-root", str(PROJECT), *args]
-
-
 def run_one(entry: Entry, args: list[str], remainder: list[str], echo) -> LevelResult:
-    """Run `invoke levelN ...` as a subprocess, streaming its output; read its run directory's summary.json."""
-    argv = _invoke_argv(args + (["--", *remainder] if remainder else []))
-    display = ["invoke", *args] + (["--", *remainder] if remainder else [])
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    run_dir = None
-    tail: list[str] = []
-    assert proc.stdout is not None
-    try:
-        for line in proc.stdout:
-            echo(line.rstrip("\n"))
-            tail = (tail + [line.rstrip("\n")])[-5:]
-            m = RUN_DIR_LINE.search(line.rstrip("\n"))
-            if m:
-                run_dir = m.group(1).strip()
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait()
-        raise
+    """Run `invoke levelN ...` as a child (env/protocol/child.py: its Ctrl-C policy), streaming its output; read its
+    run directory's summary.json."""
+    from env.protocol.child import run_task
+
+    full = args + (["--", *remainder] if remainder else [])
+    display = ["invoke", *full]
+    child = run_task(full, echo, reraise=True)  # Ctrl-C: the level stops verl and writes its summary, then we stop
+    code, run_dir = child.code, (str(child.run_dir) if child.run_dir else None)
     summary = None
     if run_dir and (Path(run_dir) / "summary.json").is_file():
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
     if summary is not None:
         return LevelResult(entry, summary["result"], display, run_dir, code, summary)
-    last = next((t for t in reversed(tail) if t.strip()), "no output")
     return LevelResult(entry, "Blocked", display, run_dir, code, None,
-                       f"invoke level{entry.level} exited {code} without a summary: {last}")
+                       f"invoke level{entry.level} exited {code} without a summary: {child.last_line()}")
 
 
 def _deliverable(results: list[LevelResult], name: str) -> Deliverable:
@@ -895,6 +877,7 @@ def execute(plan: Plan, passthrough: list[str], remainder: list[str], keep_going
             log_dir: Path, plan_cmd: str, echo, default_model: str) -> tuple[dict, Path, list[LevelResult]]:
     plan_dir = new_run_dir(log_dir, "plan", model_for(plan.entries[0]) or default_model)
     echo(f"{TOOL_PREFIX} plan run directory: {plan_dir}")
+    tool_lines.note_run_dir(plan_dir)
     results: list[LevelResult] = []
     stop: LevelResult | None = None
     for entry in plan.entries:
@@ -921,12 +904,15 @@ def execute(plan: Plan, passthrough: list[str], remainder: list[str], keep_going
 
 # ---------------------------------------------------------------- the task body
 
-# Level flags `plan` forwards to every level it runs (name → takes a value).
-PASSTHROUGH: dict[str, bool] = {
-    "bridge_repo": True, "verl_repo": True, "log_dir": True, "num_gpus": True, "model_path": True,
-    "bridge_tests": True, "dummy_config": True, "skip_bridge_checks": False, "no_reward_model": False,
-    "enforce_eager": False, "allow_missing": False, "verbose": False,
-}
+# Level flags `plan` forwards to every level it runs (name → takes a value): those marked `forward` in the level
+# flag table (sessions/run/level.py), which also declares them as plan's own flags (tasks.py).
+def _passthrough() -> dict[str, bool]:
+    from sessions.run.level import LEVEL_FLAGS
+
+    return {f.name: f.takes_value for f in LEVEL_FLAGS if f.forward}
+
+
+PASSTHROUGH: dict[str, bool] = _passthrough()
 
 
 def passthrough_args(flags: dict[str, Any]) -> list[str]:

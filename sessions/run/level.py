@@ -5,10 +5,8 @@ run directory → exit code. Levels differ only by their preset row (env/presets
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -29,88 +27,98 @@ from env.preflight.checklist import (
     timings_text,
 )
 from env.preflight.pythonpath import compose
-from env.protocol.cli import EXIT_BY_RESULT, one_line_errors, task_remainder
+from env.protocol import exits, lines
+from env.protocol.cli import EXIT_BY_RESULT, task_remainder
+from env.protocol.flags import Flag, FlagTable, task_from_table, validate
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, require_writable_dir, resolve
 from sessions.bridge_unit.records import BridgeChecks, not_requested
 from sessions.judge.verdict import Verdict
 from sessions.run import level_rules, progress
-from sessions.run.launch import redact_env, run_logged, secret_values
+from sessions.run.launch import leftover_checks, redact_env, run_logged, secret_values
 from sessions.run.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
 from sessions.run.rundir import new_run_dir, next_run_dir
 
 RUN_FILE = "run.json"
 
 
-@dataclass(frozen=True)
-class Flag:
-    name: str
-    default: Any
-    help: str
-    levels: tuple[int, ...] | None = None  # None: every level
-    setting: bool = False  # a settings-table entry (env/settings.py)
-
-
-# Flags of the level tasks, declared once; `levels` limits a flag to the levels that use it.
+# Flags of the level tasks, declared once (env/protocol/flags.py: type, range, choices, path, forwarded by `plan`);
+# `levels` limits a flag to the levels that use it. The task, its help, its validation and `plan`'s pass-through
+# all come from this table.
 LEVEL_FLAGS: tuple[Flag, ...] = (
-    Flag("model", None, "HF model id ORG/NAME (MODEL_ID)"),
-    Flag("model_path", None, "local HF checkpoint (MODEL_PATH)", setting=True),
-    Flag("bridge_repo", None, "Megatron-Bridge checkout (BRIDGE_REPO)", setting=True),
-    Flag("verl_repo", None, "verl checkout (VERL_REPO)", setting=True),
-    Flag("train_files", None, "GSM8K train parquet (TRAIN_FILES)", setting=True),
-    Flag("val_files", None, "GSM8K validation parquet (VAL_FILES)", setting=True),
-    Flag("rm_model_path", None, "reward model checkpoint (RM_MODEL_PATH)", setting=True),
-    Flag("log_dir", None, "where the run directory goes (LOG_DIR)", setting=True),
-    Flag("num_gpus", None, "GPUs for the run (NUM_GPUS; default: detected)", setting=True),
-    Flag("ray_address", None, "attach to this Ray cluster (no `ray stop`)", setting=True),
-    Flag("python", None, "Python that runs verl (VERL_PYTHON; default python3)", setting=True),
+    Flag("model", None, "HF model id ORG/NAME (MODEL_ID)", kind="model"),
+    Flag("model_path", None, "local HF checkpoint (MODEL_PATH)", setting=True, kind="path", forward=True),
+    Flag("bridge_repo", None, "Megatron-Bridge checkout (BRIDGE_REPO)", setting=True, kind="path", forward=True),
+    Flag("verl_repo", None, "verl checkout (VERL_REPO)", setting=True, kind="path", forward=True),
+    Flag("train_files", None, "GSM8K train parquet (TRAIN_FILES)", setting=True, kind="path"),
+    Flag("val_files", None, "GSM8K validation parquet (VAL_FILES)", setting=True, kind="path"),
+    Flag("rm_model_path", None, "reward model checkpoint (RM_MODEL_PATH)", setting=True, kind="path"),
+    Flag("log_dir", None, "where the run directory goes (LOG_DIR)", setting=True, kind="path", forward=True),
+    Flag("num_gpus", None, "GPUs for the run (NUM_GPUS; default: detected)", setting=True, kind="int", minimum=0,
+         forward=True),
+    Flag("ray_address", None, "attach to this Ray cluster (no `ray stop`)", setting=True, nonempty=True),
+    Flag("python", None, "Python that runs verl (VERL_PYTHON; default python3)", setting=True, nonempty=True),
     Flag("stall_timeout", None, "minutes without output before the run is stopped as hung (STALL_TIMEOUT_MIN)",
-         setting=True),
+         setting=True, kind="float", minimum=0),
     Flag("dry_run", False, "print the exact environment and command, run nothing"),
-    Flag("verbose", False, "stream the whole verl log here, not a status line (VERL_E2E_VERBOSE=1)"),
-    Flag("enforce_eager", False, "actor_rollout_ref.rollout.enforce_eager=True (a Limitation: no CUDA graphs)"),
-    Flag("no_reward_model", False, "disable the reward model (GSM8K rule reward; a Limitation)"),
-    Flag("dummy_config", None, "minimal HF config JSON: dummy model, construction and mechanics only"),
+    Flag("verbose", False, "stream the whole verl log here, not a status line (VERL_E2E_VERBOSE=1)", forward=True),
+    Flag("enforce_eager", False, "actor_rollout_ref.rollout.enforce_eager=True (a Limitation: no CUDA graphs)",
+         forward=True),
+    Flag("no_reward_model", False, "disable the reward model (GSM8K rule reward; a Limitation)", forward=True),
+    Flag("dummy_config", None, "minimal HF config JSON: dummy model, construction and mechanics only", kind="path",
+         forward=True),
     Flag("download", False, "download the model to scratch first when it is absent"),
     Flag("fresh_probe", False, "ignore the preflight probe cache in $LOG_DIR (probe the environment again)"),
-    Flag("skip_bridge_checks", False, "do not require Bridge-side checks (reported as Not requested)"),
-    Flag("bridge_tests", None, "extra model-specific Bridge test paths, comma separated"),
-    Flag("allow_missing", False, "run the Bridge checks even if a targeted path is missing (named in the report)"),
+    Flag("skip_bridge_checks", False, "do not require Bridge-side checks (reported as Not requested)", forward=True),
+    Flag("bridge_tests", None, "extra model-specific Bridge test paths, comma separated", nonempty=True, forward=True),
+    Flag("allow_missing", False, "run the Bridge checks even if a targeted path is missing (named in the report)",
+         forward=True),
     Flag("keep_going", False, "start verl even when the Bridge checks failed"),
     Flag("keep_checkpoints", False, "keep the series' checkpoint directory afterwards", levels=(1,)),
-    Flag("variant", None, "dense | moe", levels=(2,)),
-    Flag("script", None, "verl example script to run instead of the wrapper", levels=(4,)),
-    Flag("feature", None, "vlm | moe | mtp | qat | quantized | custom-layer", levels=(4,)),
-    Flag("steps", None, "training steps (default 20, at most 100)", levels=(5,)),
-    Flag("baseline", None, "run directory of a known-good run to compare against", levels=(5,)),
-    Flag("threshold", None, "METRIC>=VALUE that makes the run count as converged", levels=(5,)),
+    Flag("variant", None, "dense | moe", levels=(2,), kind="choice", choices=("dense", "moe")),
+    Flag("script", None, "verl example script to run instead of the wrapper", levels=(4,), nonempty=True),
+    Flag("feature", None, "vlm | moe | mtp | qat | quantized | custom-layer", levels=(4,), kind="choice",
+         choices=tuple(level_rules.FEATURES)),
+    Flag("steps", None, "training steps (default 20, at most 100)", levels=(5,), kind="int", minimum=1, maximum=100),
+    Flag("baseline", None, "run directory of a known-good run to compare against", levels=(5,), kind="path"),
+    Flag("threshold", None, "METRIC>=VALUE that makes the run count as converged", levels=(5,), nonempty=True),
 )
+_NO_BRIDGE_CHECKS = "--skip-bridge-checks runs no Bridge checks"
+LEVEL_CONFLICTS = (("skip_bridge_checks", "bridge_tests"), ("skip_bridge_checks", "allow_missing"),
+                   ("skip_bridge_checks", "keep_going"))
+# Hydra keys a level sets per run of its series (level 1: A saves at 1, B resumes to 2): an override after `--`
+# would apply to both runs and defeat the series. Level 5's step count is --steps.
+OWNED_KEYS: dict[int, dict[str, str]] = {
+    1: {k: "level 1's series sets it per run (A: save at step 1; B: resume to step 2)"
+        for k in ("trainer.total_training_steps", "trainer.save_freq", "trainer.resume_mode",
+                  "trainer.resume_from_path", "trainer.default_local_dir")},
+    5: {"trainer.total_training_steps": "use --steps N (the learning-signal checks count on it)"},
+}
 
 
 def flags_for(number: int) -> list[Flag]:
     return [f for f in LEVEL_FLAGS if f.levels is None or number in f.levels]
 
 
+def level_table(number: int) -> FlagTable:
+    flags = tuple(flags_for(number))
+    names = {f.name for f in flags}
+    return FlagTable(flags, conflicts=tuple(c for c in LEVEL_CONFLICTS if set(c) <= names),
+                     why={c: _NO_BRIDGE_CHECKS for c in LEVEL_CONFLICTS})
+
+
 def make_level_task(number: int):
     """An invoke task `level<N>` whose flags are LEVEL_FLAGS for that level; its body is `run_level`."""
-    from invoke import task
-
     level = presets.LEVELS[number]
-    flags = flags_for(number)
 
     def body(c, **kwargs):
         return run_level(c, number, kwargs)
 
-    params = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-    params += [inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=f.default) for f in flags]
-    body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    body.__name__ = body.__qualname__ = f"level{number}"
-    body.__doc__ = (f"Level {number}: {level.title}; exit 0 Pass, 1 Fail, 3 Blocked.\n\n"
-                    f"A Pass shows that {level.proves}. Extra Hydra overrides after `--`. "
-                    f"Exit 0 Pass, 1 Fail, 3 Blocked, 2 bad invocation.")
-    wrapped = one_line_errors(body)
-    wrapped.__signature__ = body.__signature__  # type: ignore[attr-defined]
-    return task(help={f.name: f.help for f in flags}, auto_shortflags=False)(wrapped)
+    doc = (f"Level {number}: {level.title}; exit 0 Pass, 1 Fail, 3 Blocked.\n\n"
+           f"A Pass shows that {level.proves}. Extra Hydra overrides after `--`. "
+           f"Exit 0 Pass, 1 Fail, 3 Blocked, 2 bad invocation, 130 interrupted.")
+    # run_level validates (parse_options): the same code path as `invoke bisect ... levelN`
+    return task_from_table(level_table(number), body, name=f"level{number}", doc=doc, validated=False)
 
 
 @dataclass
@@ -138,12 +146,13 @@ class LevelOptions:
 
 def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tuple[LevelOptions, dict[str, Any]]:
     """Split task flags into level options and settings-table flags; validate values (UsageError → exit 2)."""
+    flags = validate(level_table(number), flags)  # types, ranges, choices, conflicts: the table's
     setting_names = {f.name for f in LEVEL_FLAGS if f.setting}
     setting_flags = {k: v for k, v in flags.items() if k in setting_names}
     setting_flags["model_id"] = flags.get("model")
     opts = LevelOptions(number)
     for key, value in flags.items():
-        if key in setting_names or key == "model" or value is None:
+        if key in setting_names or key in ("model", "verbose") or value is None:
             continue
         setattr(opts, key, value)
     level = presets.LEVELS[number]
@@ -153,18 +162,10 @@ def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tu
             raise UsageError(f"--variant must be one of {', '.join(level.variants)}, got {opts.variant!r}")
     if isinstance(flags.get("bridge_tests"), str):
         opts.bridge_tests = [p.strip() for p in flags["bridge_tests"].split(",") if p.strip()]
+        if not opts.bridge_tests:
+            raise UsageError(f"--bridge-tests names no path: {flags['bridge_tests']!r}")
     if flags.get("dummy_config"):
         opts.dummy_config = Path(flags["dummy_config"]).expanduser().absolute()
-    if flags.get("steps") is not None:
-        try:
-            opts.steps = int(flags["steps"])
-        except ValueError:
-            raise UsageError(f"--steps must be an integer, got {flags['steps']!r}") from None
-        if not 1 <= opts.steps <= 100:
-            raise UsageError(f"--steps must be between 1 and 100, got {opts.steps}")
-    model = setting_flags.get("model_id")
-    if model is not None and not re.fullmatch(r"[\w.\-]+/[\w.\-]+", model):
-        raise UsageError(f"--model must look like ORG/NAME, got {model!r}")
     try:
         opts.extra_overrides = shlex.split(remainder or "")
     except ValueError as e:
@@ -187,11 +188,18 @@ def _validate_level_options(opts: LevelOptions) -> None:
             raise UsageError(f"--baseline {opts.baseline} is not a level run directory (no {metrics.METRICS_CSV} "
                              f"or verl.log)")
         opts.baseline = str(base)
+    for override in opts.extra_overrides:
+        if "=" not in override and not override.startswith("~"):
+            raise UsageError(f"{override!r} after -- is not a Hydra override (KEY=VALUE, +KEY=VALUE, ~KEY)")
     if presets.LEVELS[opts.number].owns_checkpoints:
         owned = [o for o in opts.extra_overrides if o.lstrip("+").startswith("trainer.default_local_dir=")]
         if owned:
             raise UsageError(f"level {opts.number} owns trainer.default_local_dir (a new directory per series, never a "
                              f"stale one): drop {owned[0]}")
+    for override in opts.extra_overrides:
+        why = OWNED_KEYS.get(opts.number, {}).get(presets.override_key(override))
+        if why:
+            raise UsageError(f"level {opts.number} sets {presets.override_key(override)} itself: {why}; drop {override}")
 
 
 def _validate_script(opts: LevelOptions, verl_repo: str) -> None:
@@ -336,7 +344,7 @@ def prepare_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_di
     """Preflight, then the runs it shapes (env, dropped variables, appended overrides such as the Apex, nsys and
     reward-model ones): the one computation behind both a level run and its --dry-run, so that the dry-run prints
     exactly the command the run starts."""
-    checks = run_checks(ctx, stop_at_blocked=stop_at_blocked)
+    checks = leftover_checks(Path(settings.log_dir)) + run_checks(ctx, stop_at_blocked=stop_at_blocked)
     if not stop_at_blocked or first_blocked(checks) is None:
         checks += level_rules.level_checks(opts.number, ctx)
     return checks, plan_runs(opts, settings, ctx, run_dir)
@@ -377,6 +385,8 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     opts, setting_flags = parse_options(number, flags, task_remainder(c))
     settings = resolve(setting_flags, os.environ, config_section(getattr(c, "config", None)))
     require_writable_dir(settings, "log_dir")
+    if settings.verl_repo is not None:
+        _validate_script(opts, str(settings.verl_repo))  # before the checkouts are read
     ctx = build_context(opts, settings, probe=True, dry_run=opts.dry_run)
     _validate_script(opts, ctx.verl.path)
     level = presets.LEVELS[number]
@@ -394,7 +404,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         return 0
 
     run_dir = new_run_dir(Path(settings.log_dir), label, settings.model_id)
-    _say(f"run directory: {run_dir}")
+    lines.say_run_dir(run_dir)
     checks, planned = prepare_runs(opts, settings, ctx, run_dir)
     print(status_table(checks), flush=True)
     blocked = first_blocked(checks)
@@ -432,10 +442,17 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     summary = summarize_run_dir(run_dir)
     write_reports(run_dir, summary)
     print(progress.outcome(summary, run_dir, [(e["name"], run_dir / e["log"]) for e in record["runs"]]), flush=True)
-    _say(f"run directory: {run_dir}")
+    lines.say_run_dir(run_dir)
     if level.owns_checkpoints and not opts.keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    if _interrupted(record):  # Ctrl-C / SIGTERM: the summary is written, the exit code says what happened
+        return exits.INTERRUPTED
     return EXIT_BY_RESULT[summary["result"]]
+
+
+def _interrupted(record: dict) -> bool:
+    return (any(e.get("termination") == "interrupted" for e in record["runs"])
+            or str(record.get("stopped_before_verl") or "").startswith("interrupted"))
 
 
 def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions, run_dir: Path) -> BridgeChecks:
@@ -474,8 +491,7 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
                                             level=record["level"], steps=int(steps) if steps else None)
             result = run_logged(run.argv, cwd=Path(ctx.verl.path), env=run.env, log=log, log_path=log_path,
                                 stall_timeout=stall, secrets=secrets, display=display)
-            log.write(f"\n{TOOL_PREFIX} wrapper exit code {result.exit_code}"
-                      f"{f', {result.termination}' if result.termination else ''} after {result.duration_s:.1f}s\n"
+            log.write(f"\n{lines.wrapper_exit_footer(result.exit_code, result.termination, result.duration_s)}\n"
                       .encode())
             if result.termination:
                 # Ray's daemons run in sessions of their own: stopping the wrapper's group does not reach them
@@ -679,7 +695,7 @@ def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool 
         print(status_table(checks, timings=timings))
         if timings:
             print(timings_text(ctx.evidence))
-    return 3 if first_blocked(checks) else 0
+    return exits.BLOCKED if first_blocked(checks) else exits.PASS
 
 
 def report_command(run_dir: str) -> int:
@@ -687,7 +703,11 @@ def report_command(run_dir: str) -> int:
     path = Path(run_dir)
     if not (path / "run.json").is_file():
         raise UsageError(f"{path} is not a run directory (no run.json)")
-    summary = summarize_run_dir(path)
+    try:
+        summary = summarize_run_dir(path)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
+        raise UsageError(f"{path / RUN_FILE} cannot be read back (truncated or not written by this tool?): "
+                         f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     write_reports(path, summary)
     sys.stdout.write(render_markdown(summary))
     return EXIT_BY_RESULT[summary["result"]]
