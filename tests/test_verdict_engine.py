@@ -122,6 +122,9 @@ def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
     from sessions.judge.verdict import SCAN_NEEDLES_BYTES, scan_matcher
     from tests.test_real_logs import REAL_LOGS
 
+    from tests.test_real_logs import need_real_logs
+
+    need_real_logs()
     plain = NeedleMatcher(SCAN_NEEDLES_BYTES, use_hyperscan=False)
     logs = sorted(REAL_LOGS.glob("*.log")) + sorted((Path(__file__).parent / "logs").glob("*.log"))
     assert len(logs) > 100

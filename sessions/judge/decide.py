@@ -41,9 +41,11 @@ from sessions.judge.structure import (
     category_from_structure,
     exception_type,
     failure_signature,
+    frame_category,
     method_area,
 )
 
+LOGGED_FILE_RE = re.compile(r"[\[(\s\"](/[^\s\]\")]+\.py)\b")
 LORA_RE = re.compile(r"(?i)lora|peft|adapter|target_module")
 # environment categories: Blocked before the provider ran, Fail (with the same hint) after training steps
 ENV_CATEGORIES = ("env-ray-import", "env-visible-devices", "env-no-gpu", "env-disk", "env-dependency", "data",
@@ -119,6 +121,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     building = area in ("model-build", "worker-creation") if area else ev.reached < PHASE_INDEX["model-built"]
     frames = event.area if event.area and not event.wrapper_method else None
     frames = frames or event.nearest or next((e.area for e in reversed(events) if e.area), None)
+    if frames is None and ".py" in event.text:  # a logger's `ERROR [/path/file.py]`: the file that logged it
+        logged = LOGGED_FILE_RE.search(event.text)
+        frames = frame_category(logged.group(1)) if logged else None
     exc = event.wrapped or exception_type(event.text) or next((e.wrapped for e in reversed(events) if e.wrapped),
                                                                None)
     pattern = event.pattern
