@@ -99,7 +99,7 @@ def category_from_structure(area: str | None, frames: str | None, exc_type: str 
 
 # -- the failure's signature (bisect: the same failure as the --bad endpoint?) ---------------------------------
 _MASKS = (
-    (re.compile(r"0x[0-9a-fA-F]+"), "0x_"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "<addr>"),
     (re.compile(r"(?:[\w.-]*/)+[\w.-]+"), "<path>"),
     (re.compile(r"\b(?:pid|ip|actor_id|node_id|job_id)=[^,)\s]+"), r"\g<0>"),
     (re.compile(r"\b[0-9a-f]{16,}\b"), "<id>"),
