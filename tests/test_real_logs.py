@@ -12,9 +12,9 @@ import os
 import re
 from pathlib import Path
 
-from sessions.judge.verdict import judge_log
-
 import pytest
+
+from sessions.judge.verdict import judge_log
 
 REAL_LOGS = Path(os.environ.get("VERL_E2E_REAL_LOGS") or Path(__file__).resolve().parents[1].parent / "shared" / "real-logs")
 MIN_RESULTS = 0.95

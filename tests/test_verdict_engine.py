@@ -120,9 +120,7 @@ def test_both_prefilters_find_the_same_lines_on_every_real_and_corpus_log():
     """Hyperscan (when installed) and the bytes.find fallback hand the judge the same lines: same verdicts."""
     from sessions.judge.logstream import NeedleMatcher
     from sessions.judge.verdict import SCAN_NEEDLES_BYTES, scan_matcher
-    from tests.test_real_logs import REAL_LOGS
-
-    from tests.test_real_logs import need_real_logs
+    from tests.test_real_logs import REAL_LOGS, need_real_logs
 
     need_real_logs()
     plain = NeedleMatcher(SCAN_NEEDLES_BYTES, use_hyperscan=False)
