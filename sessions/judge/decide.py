@@ -401,6 +401,12 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     verdict.summary = _summary(verdict, expected_source)
     if ev.level is not None:
         verdict.criteria = _criteria(ev, verdict, vanilla, _wrong_bridge_paths(ev))
+        if level_rule:
+            from sessions.judge.level_criteria import level_criteria
+
+            more, notes = level_criteria(ev.level, verdict, log_path)
+            verdict.criteria += more
+            verdict.limitations += [n for n in notes if n not in verdict.limitations]
         _level_answer(ev, verdict)
         if verdict.level_result != "Pass" and verdict.result == "Pass":
             verdict.follow_ups = [FOLLOW_UPS[verdict.level_category]]
