@@ -50,6 +50,9 @@ OPTIONAL_MODULE_RE = re.compile(
     r"nemo_automodel|vllm\._\w+)"
 )
 TABLE = compiled()
+LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
+FULL_LINE_KINDS = ("fact", "limitation")  # searched in the whole line; causes in its first ERROR_SCAN_CHARS
+ERROR_SCAN_CHARS = 4096  # an exception's message starts the line; a 1 MB config-dump line is not an error
 # `No module named 'vllm._moe_C_stable_libtorch'`: an engine's compiled extension (a `_`-named submodule)
 EXTENSION_MODULE_RE = re.compile(r"No module named '(?:\w+\.)+(_\w+)'")
 BLOCKED_EVIDENCE = "blocked"
@@ -185,6 +188,13 @@ class Evidence:
                 self._step(int(match.group(1)), rest, raw)
                 return
         candidates = DISPATCH.candidates(raw)
+        if len(self.events) >= MAX_EVENTS:  # an error storm past the kept events: only facts can still matter
+            kept = tuple(i for i in candidates if TABLE[i][0].kind in LATE_KINDS)
+            if len(kept) < len(candidates):
+                self.events_dropped += 1
+            candidates = kept
+            if not kept and b"(raylet)" not in raw and b"step:" not in raw:
+                return
         for line in normalise(raw.decode("utf-8", "replace")):
             self._line(line, candidates)
 
@@ -215,9 +225,10 @@ class Evidence:
         ignored = noise = hydra = False
         error_pattern: Pattern | None = None
         generic = False
+        head = text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
         for index in candidates:
             pattern, regex = TABLE[index]
-            match = regex.search(text)
+            match = regex.search(text if pattern.kind in FULL_LINE_KINDS else head)
             if not match:
                 continue
             kind = pattern.kind
