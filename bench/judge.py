@@ -1,14 +1,15 @@
 """Benchmark: `invoke judge` on a 1 GiB verl log vs the procedure's grep, with the failure at the start, the middle
 and the end of the log.
 
-    /work/venv/bin/python bench/judge.py [--size-mib 1024 --dir /tmp --keep]
+    /work/venv/bin/python bench/judge.py [--size-mib 1024 --dir /tmp --keep --placements start,middle,end,real,metrics]
 
 For each placement it builds a realistic log in --dir (wrapper trace, Ray start, model build, training steps with
 vLLM, worker, tqdm and metrics lines, ANSI colours and `\\r` redraws; at the placement a CUDA OOM kills the run:
 the worker's OOM line without a traceback header, the driver's Hydra/RayTaskError chain; after it the workers'
 chatter goes on until the file has its size), then measures in the same run, each in a fresh process:
 - ours: `invoke judge --log F --json` (process start included): wall, CPU (user+sys), peak RSS;
-- grep: `grep -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
+- grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
+Two more placements: `real` (the shared real logs, repeated to the size) and `metrics` (a metrics line per step).
 It prints the figures, the ratios (target: <= 2x grep CPU and wall, <= 64 MiB RSS) and whether the verdict and the
 first error are the same in all three placements.
 """
@@ -100,6 +101,37 @@ def build_log(path: Path, size_mib: int, placement: str) -> int:
     return trained
 
 
+REAL_LOGS = Path(os.environ.get("VERL_E2E_REAL_LOGS") or ROOT.parent / "shared" / "real-logs")
+
+
+def build_real(path: Path, size_mib: int) -> int:
+    """Real log content: the shared real logs (../shared/real-logs), concatenated and repeated to the size."""
+    logs = sorted(REAL_LOGS.glob("*.log"))
+    if not logs:
+        raise SystemExit(f"error: no real logs in {REAL_LOGS} (set VERL_E2E_REAL_LOGS)")
+    corpus = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in logs)
+    with open(path, "wb") as out:
+        for _ in range(max(1, (size_mib << 20) // len(corpus))):
+            out.write(corpus)
+    return 0
+
+
+def build_metrics(path: Path, size_mib: int) -> int:
+    """A metrics-heavy log: every step a full metrics line (~100 keys) and its tqdm redraw, little else."""
+    head = "\n".join(HEAD).format(total=0) + "\n"
+    block = len((metrics(1) + "\n").encode()) + 120
+    total = max(2, (size_mib << 20) // block)
+    with open(path, "w", encoding="utf-8", buffering=1 << 20) as out:
+        out.write(head.replace("TOTAL_TRAIN_STEPS=0", f"TOTAL_TRAIN_STEPS={total}")
+                  .replace("total_training_steps=0", f"total_training_steps={total}")
+                  .replace("Total training steps: 0", f"Total training steps: {total}"))
+        for step in range(1, total + 1):
+            out.write(metrics(step) + "\n")
+            out.write(f"{TR} \rTraining Progress: {100 * step // total:3d}%|#    | {step}/{total} [00:01<00:01, "
+                      "1.2s/it]\n")
+    return total
+
+
 def measured(argv: list[str] | str, shell: bool = False) -> tuple[float, float, float, str]:
     """(wall s, CPU s, peak RSS MiB, stdout) of one fresh process, reaped by os.wait4 so that its own rusage (with
     the children it waited for: grep and wc under the shell) is read."""
@@ -123,6 +155,9 @@ def main() -> int:
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
     parser.add_argument("--runs", type=int, default=2, help="runs of each command (the best is reported)")
+    parser.add_argument("--placements", default="start,middle,end,real,metrics",
+                        help="comma list of: start, middle, end (filler with an OOM), real (the shared real logs "
+                             "repeated), metrics (a metrics line per step)")
     args = parser.parse_args()
     invoke = shutil.which("invoke", path=str(Path(sys.executable).parent)) or shutil.which("invoke")
     if not invoke:
@@ -132,18 +167,25 @@ def main() -> int:
 
     print(f"prefilter: {scan_matcher().engine}; grep pattern: {GREP_PATTERN!r}")
     answers, ok = {}, True
-    for placement in ("start", "middle", "end"):
+    for placement in args.placements.split(","):
         path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
-        trained = build_log(path, args.size_mib, placement)
+        if placement == "real":
+            trained = build_real(path, args.size_mib)
+        elif placement == "metrics":
+            trained = build_metrics(path, args.size_mib)
+        else:
+            trained = build_log(path, args.size_mib, placement)
         mib = path.stat().st_size / (1 << 20)
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # same page-cache state for both
         ours = [measured([invoke, "judge", "--log", str(path), "--json"]) for _ in range(args.runs)]
-        grep = [measured(f'grep -E "{GREP_PATTERN}" "{path}" | wc -l', shell=True) for _ in range(args.runs)]
+        # -a: real logs hold bytes grep calls binary (it would stop at the first match and read nothing more)
+        grep = [measured(f'grep -a -E "{GREP_PATTERN}" "{path}" | wc -l', shell=True) for _ in range(args.runs)]
         o_wall, g_wall = min(r[0] for r in ours), min(r[0] for r in grep)
         o_cpu, g_cpu = min(r[1] for r in ours), min(r[1] for r in grep)
         rss = max(r[2] for r in ours)
         verdict = json.loads(ours[0][3])
-        answers[placement] = (verdict["result"], verdict["category"], verdict["first_error"])
+        if placement in ("start", "middle", "end"):
+            answers[placement] = (verdict["result"], verdict["category"], verdict["first_error"])
         within = o_cpu <= 2 * g_cpu and o_wall <= 2 * g_wall and rss <= 64
         ok &= within
         print(f"{placement:6s} {mib:6.0f} MiB, dies after step {trained:5d}: ours wall {o_wall:5.2f} s cpu {o_cpu:5.2f} s "
@@ -152,8 +194,9 @@ def main() -> int:
               f"{verdict['category']} steps {verdict['steps_completed']}")
         if not args.keep:
             path.unlink()
-    same = len(set(answers.values())) == 1
-    print(f"same verdict and first error in all placements: {same} -> {answers['start']}")
+    same = len(set(answers.values())) <= 1
+    first = next(iter(answers.values()), None)
+    print(f"same verdict and first error in all filler placements: {same} -> {first}")
     return 0 if ok and same else 1
 
 

@@ -28,6 +28,7 @@ from env.protocol.child import invoke_argv
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import PROJECT_ROOT, TOOL_PREFIX, Resolved, UsageError, config_section, resolve
 from sessions.bisect.checkout import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
+from sessions.judge.structure import failure_signature
 from sessions.judge.verdict import CATEGORIES
 from sessions.run.level import RUN_FILE, LevelOptions, make_level_task, parse_options
 from sessions.run.progress import Relay
@@ -138,7 +139,8 @@ class Step:
     first_error: str = ""
     sentence: str = ""
     submodules: list[str] = field(default_factory=list)
-    purpose: str = "bisect"  # bisect | confirm (verdict of the first bad commit or its parent)
+    purpose: str = "bisect"  # bisect | confirm (first bad commit or its parent) | endpoint (the --bad commit)
+    signature: str = ""  # a Fail's signature (category | exception type | masked first error)
     notes: list[str] = field(default_factory=list)
 
 
@@ -159,12 +161,24 @@ def step_category(summary: dict) -> str:
     return summary.get("category") or "unknown"
 
 
-def decide(result: str, category: str, rules: dict[str, str], on_given: set[str]) -> tuple[str | None, str]:
-    """(mark, the rule that chose it) for a level verdict."""
+def step_signature(summary: dict) -> str:
+    """The failure's signature (category | exception type | first error line with numbers, paths, pids and
+    addresses masked): what says that two commits fail the same way."""
+    return failure_signature(step_category(summary), _first_error(summary))
+
+
+def decide(result: str, category: str, rules: dict[str, str], on_given: set[str], *, signature: str | None = None,
+           bad_signature: str | None = None) -> tuple[str | None, str]:
+    """(mark, the rule that chose it) for a level verdict. With the --bad endpoint's signature: a Fail with the same
+    signature is bad, a different failure is skipped and named (--on CATEGORY=... still overrides)."""
     if result == "Pass":
         return "good", "Pass → good"
     if result == "Blocked":
         return "skip", "Blocked → skip (an environment problem is no evidence about the commit)"
+    if result == "Fail" and bad_signature is not None and signature is not None and category not in on_given:
+        if signature == bad_signature:
+            return "bad", f"Fail/{category} → bad (the same failure as --bad: {signature})"
+        return "skip", f"Fail/{category} → skip (a different failure than --bad's {bad_signature}: {signature})"
     if result == "Fail":
         mark = rules.get(category, "skip")
         why = f"--on {category}={mark}" if category in on_given else (
@@ -282,6 +296,8 @@ class Bisection:
         self.judged: dict[str, Step] = {}  # commit -> the step that judged it
         self.replay = ""  # `git bisect log`, taken before the reset
         self.remaining: list[str] = []
+        self.bad_signature: str | None = None  # the --bad endpoint's failure, once judged
+        self.endpoint_judged = False
 
     # -- one commit --------------------------------------------------------------------------------------------
     def judge_head(self, commit: str, purpose: str = "bisect") -> Step | None:
@@ -330,10 +346,28 @@ class Bisection:
     def _from_summary(self, commit: str, info: CommitInfo, summary: dict, run_dir: Path, purpose: str,
                       reused: bool = False, exit_code: int | None = None) -> Step:
         category = step_category(summary)
-        mark, rule = decide(summary["result"], category, self.opts.rules, self.opts.on_given)
+        signature = step_signature(summary) if summary["result"] == "Fail" else None
+        mark, rule = decide(summary["result"], category, self.opts.rules, self.opts.on_given, signature=signature,
+                            bad_signature=self.bad_signature)
         return Step(len(self.steps) + 1, commit, info.subject, summary["result"], category, mark, rule, str(run_dir),
                     reused, exit_code=summary.get("exit_code", exit_code), first_error=_first_error(summary),
-                    sentence=summary.get("sentence", ""), purpose=purpose)
+                    sentence=summary.get("sentence", ""), purpose=purpose, signature=signature or "")
+
+    def judge_endpoint(self, back_to: str) -> None:
+        """The --bad endpoint's own verdict (once): its failure's signature decides which Fails are the same break.
+        Judged when a Fail would otherwise be skipped by category (an `unknown` provider break fails every commit
+        after it the same way); HEAD goes back to the commit under test afterwards."""
+        if self.endpoint_judged or back_to == self.bad:
+            return
+        self.endpoint_judged = True
+        self.checkout.checkout(self.bad)
+        try:
+            step = self.judge_head(self.bad, purpose="endpoint")
+        finally:
+            self.checkout.checkout(back_to)
+        if step is not None and step.result == "Fail" and step.signature:
+            self.bad_signature = step.signature
+            _say(f"--bad {self.bad[:12]} fails with {step.signature}: commits failing the same way are bad")
 
     def _record(self, step: Step) -> Step:
         self.steps.append(step)
@@ -356,6 +390,15 @@ class Bisection:
                 return
             if step.result == "interrupted":
                 raise KeyboardInterrupt
+            if step.result == "Fail" and step.mark == "skip" and step.category not in self.opts.on_given \
+                    and not self.endpoint_judged:
+                self.judge_endpoint(commit)
+                if self.bad_signature is not None:
+                    same = step.signature == self.bad_signature
+                    step.mark = "bad" if same else "skip"
+                    step.rule = (f"Fail/{step.category} → bad (the same failure as --bad: {step.signature})" if same
+                                 else f"Fail/{step.category} → skip (a different failure than --bad's "
+                                      f"{self.bad_signature}: {step.signature})")
             self.state = self.checkout.mark(step.mark or "skip", commit)
         if self.state.first_bad:
             self.outcome = "found"

@@ -35,7 +35,7 @@ SCAN_NEEDLES = (
     "VISIBLE_DEVICES", "available GPUs", "No space", "KeyboardInterrupt", "NaN", "LORA", "LLM engine",
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
-    "PEFT", "ProcessGroupNCCL", "wrapper exit code",
+    "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -73,11 +73,19 @@ H_DISK = (
     "explicit local MODEL_PATH."
 )
 
+H_WEIGHT_SYNC = (
+    "The actor->rollout weight sync failed after both sides were built: the Bridge's weight/adapter export under "
+    "this level's wrapping (e.g. DTensors from Megatron-FSDP) reached verl's transfer to the rollout engine in a form "
+    "it cannot send. Compare with Level 0 on the same model (plain DDP): if that syncs, the export under this "
+    "wrapping is the boundary to report."
+)
+
 # Triage hint per category (SPEC "The verdict", procedure "Triage de failure").
 CATEGORY_HINTS = {
     "success": None,
     "provider": H_PARALLEL + " If LoRA fails: " + H_LORA[0].lower() + H_LORA[1:],
     "checkpoint": H_CHECKPOINT,
+    "weight-sync": H_WEIGHT_SYNC,
     "nan-metrics": (
         "Non-finite loss/reward/KL/entropy/grad-norm/log-prob metrics: check the provider's dtype and "
         "initialisation, the LoRA wiring, and the learning rate; compare against a known-good baseline."
@@ -133,6 +141,7 @@ FOLLOW_UPS = {
     "success": "none",
     "provider": "fix the provider, then rerun this level",
     "checkpoint": "rerun with SAVE_FREQ=-1 to separate model build from checkpoint behaviour",
+    "weight-sync": "rerun Level 0 on the same model; report the Bridge export / verl weight-transfer boundary",
     "nan-metrics": "inspect the per-step metrics; rerun level 5 against a known-good baseline",
     "oom": "rerun with a smaller model/micro batch or more GPU memory",
     "nccl": "check the node's NCCL setup and rerun",
@@ -167,6 +176,7 @@ class Pattern:
     limitation: str | None = None
     specific: bool = True  # errors: a named cause (beats a generic exception line when choosing the cause)
     covered_by: str | None = None  # scan needle every matching line holds when `needle` holds none (see tests)
+    any_of: tuple[str, ...] = ()  # literals one of which every match holds, when no single `needle` does
 
 
 def _p(*args, **kwargs) -> Pattern:
@@ -197,6 +207,8 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="training steps"),
     _p("steps-override", "total_training_steps", r"trainer\.total_training_steps=(\d+)", "fact",
        fact="override_steps", covered_by="step"),
+    _p("steps-config", "total_training_steps", r"(?<![\w.])total_training_steps['\"]?\s*[:=]\s*(\d+)", "fact",
+       fact="config_steps", covered_by="step"),
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
        fact="trace_steps", covered_by="TRAIN_STEPS"),
     _p("adapter-header", "PEFT Adapter Information", r"PEFT Adapter Information", "fact", fact="adapter_header",
@@ -238,6 +250,9 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("lim-fusion", "gradient_accumulation_fusion=False", r"gradient_accumulation_fusion=False", "limitation",
        limitation="gradient_accumulation_fusion=False overrides (Apex fused kernel not used)",
        covered_by="gradient_accumulation_fusion"),
+    _p("lim-fused-attention", "attention_backend=fused", r"attention_backend=fused", "limitation",
+       limitation="attention_backend=fused override (Transformer Engine fused attention, not flash-attn)",
+       covered_by="attention_backend"),
     _p("lim-dummy", "USE_DUMMY_MODEL=", r"^\++\s+(?:export\s+)?USE_DUMMY_MODEL=True", "limitation",
        limitation="dummy model: validates construction and mechanics, not pretrained-weight compatibility",
        covered_by="USE_DUMMY_MODEL"),
@@ -291,7 +306,8 @@ PATTERNS: tuple[Pattern, ...] = (
        "error",
        category="env-dependency", result="blocked", covered_by="rror",
        hint="A compiled extension does not match the installed torch/CUDA (undefined symbol): reinstall it for "
-            "this environment."),
+            "this environment.",
+       any_of=(".so", "no kernel image")),
     _p("cuda-symbol", "Cannot load symbol", r"Cannot load symbol \w+", "error", category="env-dependency",
        result="blocked", hint="A CUDA library does not match the installed driver/toolkit (a symbol cannot be "
        "loaded): fix the image's CUDA libraries."),
@@ -335,10 +351,19 @@ PATTERNS: tuple[Pattern, ...] = (
        r"couldn't connect to 'https://huggingface\.co'", "error",
        category="data", result="blocked",
        hint="The model path does not hold a Hugging Face model (config.json): check MODEL_PATH "
-            "(`invoke download-model`)."),
+            "(`invoke download-model`).",
+       any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load", "LocalEntryNotFoundError", "couldn't connect")),
     _p("ray-init", "", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
-       category="env-ray-import", result="blocked"),
+       category="env-ray-import", result="blocked",
+       any_of=("GCS", "Ray instance", "Ray has not", "ray.init")),
+    _p("world-size-divisible", "divisible", r"world_size:? \d+ is not divisible by \w*(?:infer|tp|tensor)\w*",
+       "error", category="env-no-gpu", result="blocked", covered_by="rror",
+       hint="The rollout world size (GPUs) is not a multiple of the inference TP: set NUM_GPUS and INFER_TP so "
+            "that INFER_TP divides the GPU count."),
+    _p("too-few-gpus", "", r"(?i)(?:not enough|insufficient) (?:gpus|devices)|available gpus?:? \d+ is less than|"
+       r"requires? \d+ gpus?.*(?:only|but) \d+", "error", category="env-no-gpu", result="blocked",
+       covered_by="rror", any_of=("GPU", "gpu", "devices", "DEVICES")),
     _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
        result="blocked"),
     # -- named causes that fail the run ------------------------------------------------------------------------
@@ -353,9 +378,18 @@ PATTERNS: tuple[Pattern, ...] = (
        result="fail"),
     _p("hang-store", "", r"TCPStore.*(?:timeout|[Tt]imed out)|DistStoreError|throwTimeoutError|"
        r"Timed out (?:after|waiting) .*(?:rendezvous|store|init_process_group)", "error", category="hang",
-       result="fail"),
+       result="fail",
+       any_of=("TCPStore", "DistStoreError", "throwTimeoutError", "Timed out")),
+    _p("nccl-unavailable", "", r"Distributed package doesn't have NCCL|NCCL is not available|"
+       r"ProcessGroupNCCL is only supported with GPUs|nccl\w* (?:is )?not (?:available|supported|found)", "error",
+       category="nccl", result="fail", any_of=("NCCL", "nccl"),
+       hint="NCCL is not available on this device/build (torch without NCCL, no GPU visible to the process): fix "
+            "the image or the device visibility; not a Bridge provider failure."),
+    _p("gloo-timeout", "imed out", r"Timed out waiting \d+ ?ms for (?:recv|send)|gloo.*[Tt]imed out", "error",
+       category="hang", result="fail"),
     _p("nccl-error", "", r"NCCL error|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was aborted",
-       "error", category="nccl", result="fail"),
+       "error", category="nccl", result="fail",
+       any_of=("NCCL", "nccl", "DistBackendError", "DistNetworkError")),
     _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
        result="fail"),
     _p("grad-nan", "NaN", r"found NaN in local grad norm|NaN or Inf found|[Ll]oss is NaN", "error",
@@ -372,16 +406,29 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("state-dict", "", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for|"
        r"Error\(s\) in loading state_dict", "error",
        category="provider", result="fail", hint="Weights and model do not match: check the provider's param "
-       "mapping (HF import) or, on resume, the checkpoint (rerun with SAVE_FREQ=-1).", covered_by="rror"),
+       "mapping (HF import) or, on resume, the checkpoint (rerun with SAVE_FREQ=-1).", covered_by="rror",
+       any_of=("in state_dict", "size mismatch for", "in loading state_dict")),
     _p("parallel-sizes", "parallel",
        r"(?:tensor|pipeline|context|expert|data)_model_parallel_size.*(?:mismatch|must|divisible|not equal|!=|"
        r"does not match|but .*(?:initiali[sz]ed|mpu))|model parallel group is not initialized|parallel state.*not initialized", "error",
        category="provider", result="fail", hint=H_PARALLEL, covered_by="rror"),
+    _p("provider-object", "object has no attribute",
+       r"'\w*(?:ModelProvider|Provider|Bridge)' object has no attribute", "error", category="provider",
+       result="fail", covered_by="rror"),
+    _p("mbridge-unregistered", "", r"(?i)unregistered model type|model type:? \S+ (?:is )?not (?:registered|"
+       r"supported)|not registered in mbridge", "error", category="provider", result="fail", covered_by="rror",
+       any_of=("nregistered", "not registered", "not supported"),
+       hint="mbridge/Bridge has no bridge registered for this model type: check the model's architecture and the "
+            "bridge registration at this commit (a provider gap, not an environment problem)."),
+    _p("event-loop", "loop", r"event loop (?:is (?:already running|closed)|in thread)|no (?:current|running) event "
+       r"loop|attached to a different loop|Cannot run the event loop", "error", category="rollout", result="fail",
+       covered_by="rror", specific=False),
     _p("lora-target", "arget", r"(?i)target[_ ]modules?.*(?:not found|no match|did not match|not present|"
        r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror"),
     _p("config-check", "", r"(?:batch_size|micro_batch|mini_batch|n_gpus|world_size|nnodes|num_gpus)\w*.*"
        r"(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least)", "error",
-       category="config", result="fail", covered_by="rror"),
+       category="config", result="fail", covered_by="rror",
+       any_of=("must be", "should be")),
     _p("reward-fn", "eward", r"Reward function is not implemented|reward function .*not (?:implemented|found)",
        "error", category="reward-model", result="fail", covered_by="rror"),
     _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|ConfigCompositionException|ConfigKeyError|"
@@ -391,17 +438,20 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("actor-died", "", r"ActorDiedError(?!: The actor died because of an error raised in its "
        r"creation task)|The actor died unexpectedly|NodeDiedError|RayActorError|WorkerCrashedError|OwnerDiedError",
        "error",
-       category="actor-died", result="fail", covered_by="rror"),
+       category="actor-died", result="fail", covered_by="rror",
+       any_of=("ActorDiedError", "actor died", "NodeDiedError", "RayActorError", "WorkerCrashedError", "OwnerDiedError")),
     _p("worker-died", "illed", r"A worker died or was killed|(?<!\w)Killed(?!\w)|killed by signal", "error",
        category="actor-died", result="fail", specific=False),
     _p("segfault", "", r"Segmentation fault|SIGSEGV|SIGABRT", "error", category="actor-died",
-       result="fail", specific=False),
+       result="fail", specific=False,
+       any_of=("Segmentation fault", "SIGSEGV", "SIGABRT")),
     _p("core-dumped", "core dumped", r"core dumped", "error", category="actor-died", result="fail", specific=False),
     _p("hydra-full-error", "HYDRA_FULL_ERROR", r"HYDRA_FULL_ERROR", "ignore", covered_by="rror"),
     # -- generic shapes ----------------------------------------------------------------------------------------
     _p("traceback", "Traceback", r"^(?:Original )?Traceback \(most recent call last\)", "traceback"),
     _p("exception-line", "", r"^(?:[\w.]+\.)?(?P<exc>\w*(?:Error|Exception|Exit|Interrupt|Invalid))"
-       r"(?:\((?P<inner>\w+)\))?(?::\s(?P<msg>.*)|\s*$)", "exception"),
+       r"(?:\((?P<inner>\w+)\))?(?::\s(?P<msg>.*)|\s*$)", "exception",
+       any_of=("Error", "Exception", "Exit", "Interrupt", "Invalid")),
 )
 
 # The raylet's explanation of a dead worker: the cause `actor-died` names.
@@ -419,29 +469,13 @@ RAY_WRAPPER_RE = re.compile(
     r"error raised in its creation task)"
     r".*?ray::(?:\w*?:\d+:)?(?P<method>[\w.]+)\(\)"
 )
-METHOD_PHASES = (
-    (re.compile(r"__init__"), "ray-up"),
-    (re.compile(r"init_model|build_model|_build_"), "model-build"),
-    (re.compile(r"generate_sequences|vLLM|AgentLoop|launch_server|sglang|rollout_mode"), "rollout-up"),
-    (re.compile(r"save_checkpoint|load_checkpoint|checkpoint", re.I), "checkpoint"),
-    (re.compile(r"update_actor|update_critic|compute_|train"), "training"),
-)
 # Wrapped exception types that name a category by themselves.
 WRAPPED_CATEGORIES = {
     "ActorDiedError": "actor-died", "OutOfMemoryError": "oom", "DistBackendError": "nccl",
     "DistStoreError": "hang", "ModuleNotFoundError": "env-ray-import",
 }
-# A traceback frame's file tells the code area an exception came from (innermost classified frame wins).
+# A traceback frame line (its package is classified in structure.py).
 FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+""")
-FRAME_AREAS = (
-    (re.compile(r"dist_checkpointing|/utils/checkpoint/|checkpoint_manager|checkpointing\.py|model_merger"),
-     "checkpoint"),
-    (re.compile(r"/megatron/bridge/|/mbridge/|/models/mcore/"), "provider"),
-    (re.compile(r"/megatron/core/"), "megatron-core"),
-    (re.compile(r"vllm|sglang|/rollout/"), "rollout"),
-    (re.compile(r"/utils/dataset/|rl_dataset|sft_dataset"), "data"),
-    (re.compile(r"reward_manager|reward_score|/reward/|reward_model"), "reward-model"),
-)
 # A nested failure in a rollout server (vLLM) names the rollout category when the innermost line is generic.
 ROLLOUT_SOURCE_RE = re.compile(r"vLLM|EngineCore|AgentLoop|sglang|generate_sequences|launch_server")
 

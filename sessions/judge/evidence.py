@@ -1,0 +1,443 @@
+"""Evidence of a verl log, collected while it streams (every prefiltered line once, constant memory).
+
+`Evidence` holds what the log showed: steps and their metrics, planned totals, facts (vanilla, adapter, saves,
+resume, Bridge paths), phase markers, and the error events after the last progress, each with the Ray method and the
+traceback frames around it. It decides nothing: `sessions.judge.decide.decide(evidence)` does, as a pure function.
+
+Per line, the patterns that can match are found in one pass: the line's literal needles (one Hyperscan scan, or the
+`in` fallback) select the few patterns whose regex runs; no loop over the whole table.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from sessions.judge.logstream import LogLine, normalise, step_line_match
+from sessions.judge.needles import DISPATCH
+from sessions.judge.patterns import (
+    ACTOR_DEATH_CAUSES,
+    CORE_METRIC_RE,
+    FRAME_RE,
+    RAY_WRAPPER_RE,
+    Pattern,
+    compiled,
+)
+from sessions.judge.record import PHASE_INDEX
+from sessions.judge.structure import frame_category
+
+MAX_EVENTS = 400  # error events kept after the last progress (a long error storm keeps its first ones)
+MAX_NOISE = 20
+MAX_BRIDGE_PATHS = 20
+MAX_FRAMES = 64  # traceback frames remembered per source
+METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
+METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
+MAX_LINE_SHOWN = 400
+MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat on giant lines)
+
+STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
+BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
+LOG_ERROR_RE = re.compile(r"^(?:ERROR[ :]|\[?E\d{4} |\[ERROR\]|\S+ ERROR |\w+ \d+ [\d:]+ ERROR )")
+VAL_METRIC_RE = re.compile(r"^\s*val[\w-]*/[\w/@.\-]+:\s*[-+\d.(np]")  # `val/test_score/x:0.5`
+VAL_ONLY_RE = re.compile(r"^\s*(?:val[\w-]*/[^:\s]+:[^ ]+(?: - |\s*$))+$")
+NP_NUMBER_RE = re.compile(r"^np\.\w+\((.*)\)$")
+OPTIONAL_MODULE_RE = re.compile(
+    r"No module named '(?:torchtitan|mindspeed|torch_npu|liger_kernel|deep_gemm|deep_ep|flashinfer|veomni|"
+    r"nemo_automodel|vllm\._\w+)"
+)
+TABLE = compiled()
+LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
+FULL_LINE_KINDS = ("fact", "limitation")  # searched in the whole line; causes in its first ERROR_SCAN_CHARS
+ERROR_SCAN_CHARS = 4096  # an exception's message starts the line; a 1 MB config-dump line is not an error
+# `No module named 'vllm._moe_C_stable_libtorch'`: an engine's compiled extension (a `_`-named submodule)
+EXTENSION_MODULE_RE = re.compile(r"No module named '(?:\w+\.)+(_\w+)'")
+BLOCKED_EVIDENCE = "blocked"
+ANY_SOURCE = "*"  # key of the latest frame area of any source (pasted excerpts lose prefixes)
+
+
+def parse_metrics(rest: str) -> dict[str, float]:
+    """`key:value - key:value ...` -> {key: float}; accepts np.float64(x), nan/inf, scientific; skips text values."""
+    metrics: dict[str, float] = {}
+    for part in rest.split(" - "):
+        key, sep, raw = part.partition(":")
+        if not sep:
+            continue
+        if raw.startswith("np.") and raw.endswith(")"):  # np.float64(0.5): no regex, this runs per metric
+            raw = raw[raw.find("(") + 1 : -1]
+        try:
+            metrics[key.strip()] = float(raw)
+        except ValueError:
+            raw = raw.strip()
+            if raw.startswith("np."):
+                match = NP_NUMBER_RE.match(raw)
+                raw = match.group(1) if match else raw
+            try:
+                metrics[key.strip()] = float(raw)
+            except ValueError:
+                continue
+    return metrics
+
+
+@dataclass
+class _ErrorEvent:
+    seq: int
+    source: str | None
+    inner: str | None
+    text: str
+    pattern: Pattern | None  # None: a generic exception line
+    phase: str
+    step: int  # highest step when seen: a later, higher step line means the run survived it
+    noise: bool = False
+    wrapper_method: str | None = None  # `RayTaskError(X): ray::Actor.method()` and similar lines
+    wrapped: str | None = None  # the X of RayTaskError(X)
+    area: str | None = None  # code area of the innermost classified traceback frame before this line
+    log_error: bool = False  # a logger's ERROR line (not an exception): a cause only when nothing better exists
+    cut: bool = False  # stands for a traceback the log ends in, before its exception line
+    nearest: str | None = None  # category of the latest classified frame of any source before this line
+    extension: str | None = None  # stands for a compiled extension the engine reported missing
+
+    @property
+    def specific(self) -> bool:
+        return self.pattern is not None and self.pattern.specific
+
+    @property
+    def blocked(self) -> bool:
+        return self.pattern is not None and self.pattern.result == BLOCKED_EVIDENCE
+
+    def shown(self) -> str:
+        prefix = f"({self.source}) " if self.source else ""
+        return _shorten(prefix + self.text)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _shorten(text: str, limit: int = MAX_LINE_SHOWN) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class Evidence:
+    def __init__(self, level, steps_expected, exit_code, termination, bridge_src):
+        self.level = level
+        self.steps_expected_arg = steps_expected
+        self.exit_code = exit_code
+        self.exit_code_given = exit_code is not None
+        self.termination = termination
+        self.bridge_src = os.path.normpath(bridge_src) if bridge_src else None
+        self.seq = 0
+        self.phase = "launch"  # current activity
+        self.reached = 0  # index of the furthest phase reached
+        self.max_step = 0
+        self.progress_seq = 0  # seq of the last evidence that training went on (a new step, completion markers)
+        self.metrics_head: dict[int, dict[str, float]] = {}
+        self.metrics_tail: deque[tuple[int, str | bytes]] = deque(maxlen=METRICS_TAIL_STEPS)
+        self.metrics_dropped = 0
+        self.nan_findings: list[str] = []
+        self.expected: dict[str, int] = {}  # source ("printed", "override", "trace", "bar") -> steps
+        self.bar: tuple[int, int] | None = None  # last Training Progress bar (n, total)
+        self.bar_complete = False  # a bar at n == total
+        self.final_validation = False
+        self.wandb_step: int | None = None
+        self.vanilla_values: list[str] = []
+        self.adapter: dict[str, Any] = {}
+        self.adapter_header = False
+        self.checkpoints_saved: list[str] = []
+        self.resumed_from: str | None = None
+        self.resume_step: int | None = None
+        self.fresh_start = False
+        self.bridge_paths: list[str] = []
+        self.limitations: dict[str, None] = {}
+        self.setting_limitations: dict[str, str] = {}
+        self.key_lines: dict[str, str] = {}
+        self.events: list[_ErrorEvent] = []  # error events since the last progress (the first MAX_EVENTS)
+        self.events_dropped = 0
+        self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
+        self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
+        self.death_causes: list[str] = []
+        self.open_traceback: LogLine | None = None  # first frame of a traceback whose exception line is not seen yet
+        self.noise_after_last_step: list[str] = []
+        self.last_step_line: str | bytes | None = None
+        # issue 25: planned totals from any line (tqdm N/M, config dump), the steps of a validation-only step line,
+        # compiled extensions an engine reported missing (a later error naming them is that missing extension),
+        # and whether the input looked like a text log at all
+        self.bar_total: int | None = None  # the largest planned total a Training Progress bar showed
+        self.val_only_steps: set[int] = set()  # step:M lines with only val/ metrics (old format's final line)
+        self.missing_ext: dict[str, str] = {}  # extension module name -> its "No module named" line
+        self.input_note: str | None = None  # "empty" / "binary": the input is no text log (judge_log sniffs it)
+        self.frames_seen = 0  # traceback frame lines
+        self.fit_seen = False  # a frame in the trainer's fit() since the last progress (TaskRunner.run() trains)
+
+    # -- input ---------------------------------------------------------------------------------------------
+    def feed(self, raw: str) -> None:
+        self.feed_bytes(raw.encode("utf-8", "surrogateescape") if "\x00" not in raw else raw.encode("utf-8", "replace"))
+
+    def feed_bytes(self, raw: bytes) -> None:
+        """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed."""
+        if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
+            match = step_line_match(raw)
+            if match and int(match.group(1)) > 0:
+                self.seq += 1
+                if self.reached < PHASE_INDEX["ray-up"] and raw.startswith((b"(", b"\x1b")):
+                    self._advance("ray-up")
+                rest = raw[match.end() :]
+                self._step(int(match.group(1)), rest, raw)
+                return
+        candidates = DISPATCH.candidates(raw)
+        if len(self.events) >= MAX_EVENTS:  # an error storm past the kept events: only facts can still matter
+            kept = tuple(i for i in candidates if TABLE[i][0].kind in LATE_KINDS)
+            if len(kept) < len(candidates):
+                self.events_dropped += 1
+            candidates = kept
+            if not kept and b"(raylet)" not in raw and b"step:" not in raw:
+                return
+        for line in normalise(raw.decode("utf-8", "replace")):
+            self._line(line, candidates)
+
+    def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
+        self.seq += 1
+        text = line.text
+        if line.source is not None and self.reached < PHASE_INDEX["ray-up"]:
+            self._advance("ray-up")
+        if "step:" in text:
+            match = STEP_RE.search(text) or BARE_STEP_RE.match(text)
+            if match:
+                self._step(int(match.group(1)), match.group(2) if match.re is STEP_RE else "", text)
+                return
+        stripped = text.lstrip()
+        if stripped.startswith("File \""):
+            frame = FRAME_RE.match(stripped)
+            if frame:
+                self.frames_seen += 1
+                if stripped.endswith((" in fit", " in _fit")):
+                    self.fit_seen = True
+                area = frame_category(frame.group(1))
+                if area:
+                    self.areas[line.source] = self.areas[ANY_SOURCE] = area
+                if self.open_traceback is None:
+                    self.open_traceback = line
+                if "megatron/bridge" not in text:
+                    return
+        ignored = noise = hydra = False
+        error_pattern: Pattern | None = None
+        generic = False
+        head = text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
+        for index in candidates:
+            pattern, regex = TABLE[index]
+            match = regex.search(text if pattern.kind in FULL_LINE_KINDS else head)
+            if not match:
+                continue
+            kind = pattern.kind
+            if kind == "error":
+                if error_pattern is None:
+                    error_pattern = pattern
+            elif kind == "exception":
+                generic = True
+            elif kind == "fact":
+                self._fact(pattern, match, line)
+            elif kind == "marker":
+                if pattern.phase:
+                    self._advance(pattern.phase)
+                else:  # Hydra's "Error executing job": the driver is failing (a cause when nothing else is shown)
+                    self._driver_failure()
+                    hydra = True
+            elif kind == "noise":
+                noise = True
+            elif kind == "ignore":
+                ignored = True
+            elif kind == "limitation":
+                self.limitations.setdefault(pattern.limitation, None)
+                self.setting_limitations[pattern.needle] = pattern.limitation
+            elif kind == "traceback":
+                if line.source is None:
+                    self._driver_failure()
+        if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
+            for cause_re, cause in ACTOR_DEATH_CAUSES:
+                if cause_re.search(text) and cause not in self.death_causes:
+                    self.death_causes.append(cause)
+        if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
+            self.noise_after_last_step.append(_shorten(text, 200))
+        if "No module" in text:
+            ext = EXTENSION_MODULE_RE.search(text)
+            if ext and len(self.missing_ext) < 20:  # a compiled extension an engine could not load
+                self.missing_ext.setdefault(ext.group(1), _shorten(f"({line.source}) {text}" if line.source
+                                                                   else text))
+            if ignored or OPTIONAL_MODULE_RE.search(text):
+                return
+        if ignored:
+            return
+        wrapper = RAY_WRAPPER_RE.search(text) if "ray::" in text else None
+        generic = generic or wrapper is not None
+        log_error = not generic and error_pattern is None and (hydra or LOG_ERROR_RE.match(text) is not None)
+        if error_pattern is None and not generic and not log_error:
+            return
+        self.open_traceback = None  # its exception line is here
+        if wrapper and line.source is None:
+            self._driver_failure()
+        event = _ErrorEvent(
+            self.seq, line.source, line.inner, _shorten(text, MAX_EVENT_TEXT), error_pattern, self.phase,
+            self.max_step, noise, wrapper.group("method") if wrapper else None,
+            wrapper.group("inner") if wrapper else None, self.areas.get(line.source), log_error,
+            nearest=self.areas.get(ANY_SOURCE),
+        )
+        if len(self.events) < MAX_EVENTS:
+            self.events.append(event)
+        else:
+            self.events_dropped += 1
+
+    def _driver_failure(self) -> None:
+        if self.driver_failure_seq is None:
+            self.driver_failure_seq = self.seq
+
+    def _progressed(self) -> None:
+        """Training went on: every error seen so far was survived."""
+        self.progress_seq = self.seq
+        self.events = []
+        self.events_dropped = 0
+        self.areas = {}
+        self.driver_failure_seq = None
+        self.death_causes = []
+        self.open_traceback = None
+        self.fit_seen = False
+
+    def _advance(self, phase: str) -> None:
+        index = PHASE_INDEX[phase]
+        self.phase = phase
+        if index > self.reached:
+            self.reached = index
+
+    def _step(self, step: int, rest: str | bytes, text: str | bytes) -> None:
+        """A `step:N - k:v ...` metrics line. `rest`/`text` are bytes on the fast path (decoded only if kept)."""
+        if step == 0:  # validation before training: metrics only
+            self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
+            self.key_lines.setdefault("validation", _shorten(_text(text), 240))
+            return
+        if isinstance(rest, str) and rest and "training/global_step" not in rest and rest.count(":") < 2 \
+                and not VAL_METRIC_RE.match(rest):
+            return  # not a metrics line
+        if isinstance(rest, str) and VAL_ONLY_RE.match(rest):
+            self.val_only_steps.add(step)  # the old format's last line: step:M with only validation metrics
+        self._advance("training")
+        if step > self.max_step:
+            self.max_step = step
+            self._progressed()
+        self.phase = "training"
+        self.noise_after_last_step = []
+        self.last_step_line = text
+        metrics = None
+        if step in self.metrics_head or len(self.metrics_head) < METRICS_HEAD_STEPS:
+            metrics = self.metrics_head[step] = parse_metrics(_text(rest))
+        else:
+            if len(self.metrics_tail) == self.metrics_tail.maxlen:
+                self.metrics_dropped += 1
+            self.metrics_tail.append((step, rest))
+        if isinstance(rest, bytes):
+            suspicious = b"nan" in rest or b"inf" in rest
+        else:
+            suspicious = "nan" in rest or "inf" in rest
+        if suspicious:
+            self._check_finite(step, metrics if metrics is not None else parse_metrics(_text(rest)))
+
+    def _check_finite(self, step: int, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            if not math.isfinite(value) and CORE_METRIC_RE.search(key) and len(self.nan_findings) < 20:
+                self.nan_findings.append(f"step {step}: {key}={value}")
+    def _fact(self, pattern: Pattern, match: re.Match[str], line: LogLine) -> None:
+        fact, text = pattern.fact, line.text
+        if pattern.phase:
+            self._advance(pattern.phase)
+        if fact == "vanilla":
+            value = match.group(1).strip("'\"").capitalize()
+            if value in ("True", "False"):
+                self.vanilla_values.append(value)
+                self.key_lines.setdefault("vanilla", _shorten(text, 240))
+        elif fact in ("total_steps", "override_steps", "trace_steps", "config_steps"):
+            source = {"total_steps": "printed", "override_steps": "override", "trace_steps": "trace",
+                      "config_steps": "config"}[fact]
+            if fact == "override_steps":  # Hydra: the last override on the command line wins
+                values = re.findall(r"trainer\.total_training_steps=(\d+)", text)
+                self.expected[source] = int(values[-1])
+            else:
+                self.expected.setdefault(source, int(match.group(1)))
+            self.key_lines.setdefault(f"steps_{source}", _shorten(text, 240))
+        elif fact == "adapter_header":
+            self.adapter_header = True
+        elif fact in ("adapter_total", "adapter_count", "adapter_pct") and self.adapter_header:
+            key = {"adapter_total": "total", "adapter_count": "adapter", "adapter_pct": "trainable_pct"}[fact]
+            raw = match.group(1).replace(",", "")
+            if key not in self.adapter:
+                try:
+                    self.adapter[key] = float(raw) if key == "trainable_pct" else int(raw)
+                except ValueError:
+                    pass
+                self.key_lines[f"adapter_{key}"] = _shorten(text, 200)
+        elif fact == "save":
+            path = match.group(1).rstrip(".,;:")
+            if path not in self.checkpoints_saved:
+                self.checkpoints_saved.append(path)
+            self.key_lines["checkpoint_save"] = _shorten(text, 240)
+        elif fact == "tool_exit":
+            if not self.exit_code_given:  # the caller's values (a level run) win over the footer
+                self.exit_code = int(match.group(1))
+                self.termination = self.termination or match.group(2)
+                self.key_lines["tool_exit"] = _shorten(text, 200)
+        elif fact == "save_done":
+            self.key_lines["checkpoint_done"] = _shorten(text, 240)
+        elif fact == "resume":
+            self.resumed_from = match.group(1).rstrip(".,;:")
+            step = re.search(r"global step to (\d+)", text)
+            if step:
+                self.resume_step = int(step.group(1))
+            self.key_lines["resume"] = _shorten(text, 240)
+        elif fact == "resume_found":
+            self.resumed_from = self.resumed_from or match.group(1).rstrip(".,;:")
+            self.key_lines.setdefault("resume_found", _shorten(text, 240))
+        elif fact == "resume_step":
+            self.resume_step = int(match.group(1))
+        elif fact == "fresh":
+            self.fresh_start = True
+            self.key_lines.setdefault("fresh_start", _shorten(text, 240))
+        elif fact == "bridge_path":
+            path = match.group(1)
+            if path not in self.bridge_paths and len(self.bridge_paths) < MAX_BRIDGE_PATHS:
+                self.bridge_paths.append(path)
+        elif fact == "progress":
+            n, total = int(match.group(2)), int(match.group(3))
+            self.bar = (n, total)
+            if total > 0 and (self.bar_total is None or total > self.bar_total):
+                self.bar_total = total
+            self.key_lines["progress"] = _shorten(text, 200)
+            if total > 0:
+                if n >= total and not self.bar_complete:
+                    self.bar_complete = True
+                    self._progressed()
+        elif fact == "final_validation":
+            self.final_validation = True
+            self.key_lines["final_validation"] = _shorten(text, 200)
+            self._progressed()
+        elif fact == "wandb_step":
+            step = int(match.group(1))
+            if self.wandb_step is None or step > self.wandb_step:
+                self.wandb_step = step
+                self.key_lines["wandb_step"] = _shorten(text, 200)
+                self._progressed()
+
+    # -- read-only views (decide and the live status line use them) ------------------------------------------
+    def _expected_steps(self) -> tuple[int | None, str]:
+        """The planned total: `--steps`, else the largest total any line shows (printed `Total training steps`,
+        Hydra override, config dump, the wrapper's TOTAL_TRAIN_STEPS, a tqdm bar's N/M). A run that ends below a
+        planned total it printed did not finish (issue 25.2)."""
+        if self.steps_expected_arg is not None:
+            return self.steps_expected_arg, "given"
+        shown = [(self.expected[s], s) for s in ("printed", "override", "trace", "config") if s in self.expected]
+        if self.bar_total is not None:
+            shown.append((self.bar_total, "bar"))
+        if not shown:
+            return None, "none"
+        top = max(value for value, _ in shown)
+        return top, next(source for value, source in shown if value == top)
+
