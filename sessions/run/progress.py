@@ -69,7 +69,7 @@ def duration(seconds: float) -> str:
 def _phase_rank(phase: str) -> int:
     """A phase's place in a healthy run (verdict.PHASES); phases outside that list rank as the first. Training and
     checkpoint alternate every save step: one rank."""
-    from sessions.judge.verdict import PHASE_INDEX  # noqa: PLC0415 - the judge's table, loaded with the display
+    from sessions.judge.record import PHASE_INDEX  # noqa: PLC0415 - the judge's table, loaded with the display
 
     return PHASE_INDEX.get("training" if phase == "checkpoint" else phase, -1)
 
