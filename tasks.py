@@ -102,23 +102,34 @@ def remote(c, host, remote_root=None, bridge_path=None, verl_path=None, tool_pat
     Usage: invoke remote --host gpu01 level1 --model ORG/NAME [-- hydra overrides]. Streams the output, exits
     with the task's code (3 when the host cannot be reached), and copies the run directory into the local LOG_DIR.
     """
-    from env.launchers.remote import remote_task
+    from env.launchers.base import TaskLine
+    from env.launchers.remote import RemoteLauncher
     from env.protocol.cli import forwarded_args, task_remainder
 
-    return remote_task(
-        host=host, forwarded=forwarded_args("remote"), remainder=task_remainder(c), remote_root=remote_root,
-        bridge_path=bridge_path, verl_path=verl_path, tool_path=tool_path, sync_only=sync_only, force=force,
-        checkout=checkout, dry_run=dry_run, ssh_config=ssh_config, remote_python=remote_python,
-    )
+    forwarded = forwarded_args("remote")
+    line = TaskLine.parse(forwarded, task_remainder(c), launcher="remote") if forwarded else None
+    return RemoteLauncher(
+        host, line, remote_root=remote_root, bridge_path=bridge_path, verl_path=verl_path, tool_path=tool_path,
+        sync_only=sync_only, force=force, checkout=checkout, ssh_config=ssh_config, remote_python=remote_python,
+    ).launch(dry_run=dry_run)
 
 
 @task(
     help={
-        "image": "container image (VERL_IMAGE; default a vLLM-flavoured verlai/verl tag); recorded in the run",
+        "image": "container image: a tag (VERL_IMAGE; default a vLLM-flavoured verlai/verl tag) or an Enroot/SquashFS "
+                 "file (.sqsh); recorded in the run",
+        "image_source": "with an image file: the verlai/verl tag it was converted/mirrored from (VERL_IMAGE_SOURCE); "
+                        "shown next to the file in the report",
         "partition": "Slurm partition (default: the site's; SLURM_PARTITION/SBATCH_PARTITION also work)",
         "gpus": "GPUs for the step (srun --gpus)",
+        "gpus_per_node": "GPUs per node (--gpus-per-node; with --nodes: trainer.n_gpus_per_node, NUM_GPUS = N×G)",
+        "nodes": "nodes: > 1 makes one Ray cluster across the allocation, the task on its head (trainer.nnodes)",
         "cpus": "CPUs for the step (--cpus-per-task; verl's Ray needs ~10 or more)",
         "time": "time limit (MIN, HH:MM:SS or D-HH:MM)",
+        "jobid": "run the step inside this existing allocation (srun --jobid=J --overlap); with --detach, "
+                 "backgrounded here and recorded as J.<step>",
+        "ray_port": "with --nodes: the Ray head's port (default 6379)",
+        "stage": "download-model and prep-data once first, in the same container (offline compute nodes); recorded",
         "srun_args": "site options, passed untouched to srun (and to sbatch with --detach), e.g. \"-A acct --qos=q\"",
         "mounts": "extra container mounts SRC[:DST[:FLAGS]],... (checkouts, project, data, models, logs are mounted)",
         "no_container": "run the task on the node with this project's Python instead of a pyxis container",
@@ -129,34 +140,38 @@ def remote(c, host, remote_root=None, bridge_path=None, verl_path=None, tool_pat
     auto_shortflags=False,
 )
 @one_line_errors
-def slurm(c, image=None, partition=None, gpus=None, cpus=None, time=None, srun_args="", mounts="",
-          no_container=False, detach=False, dry_run=False, allow_local_logs=False):
-    """Run a task (level0 ... level5, prep-data, ...) in one Slurm srun step, in the verl container (pyxis).
+def slurm(c, image=None, image_source=None, partition=None, gpus=None, gpus_per_node=None, nodes=None, cpus=None,
+          time=None, jobid=None, ray_port=None, stage=False, srun_args="", mounts="", no_container=False,
+          detach=False, dry_run=False, allow_local_logs=False):
+    """Run a task (level0 ... level5, plan, prep-data, ...) in Slurm, in the verl container (pyxis).
 
     Usage: invoke slurm [flags] level0 --model ORG/NAME [-- hydra overrides]. Inside the step the task runs via
     `nox -s verl -- <task>` so setup and run share one container. Attached: exits with the task's code.
+    `--jobid J`: a step in an existing allocation. `--nodes N --gpus-per-node G`: one Ray cluster over N nodes.
     """
-    import shlex
-
-    from env.launchers.slurm import SlurmOptions, slurm_command
+    from env.launchers.base import TaskLine
+    from env.launchers.slurm import NOT_FORWARDABLE, SlurmOptions, slurm_command
     from env.protocol.cli import forwarded_args, task_remainder
     from env.settings import UsageError
 
+    line = TaskLine.parse(forwarded_args("slurm"), task_remainder(c), launcher="slurm",
+                          not_forwardable=NOT_FORWARDABLE)
     try:
-        remainder = task_remainder(c)
-        task_line = forwarded_args("slurm") + (["--", *shlex.split(remainder)] if remainder else [])
-        numbers = {k: None if v is None else int(v) for k, v in (("gpus", gpus), ("cpus", cpus))}
+        numbers = {k: None if v is None else int(v)
+                   for k, v in (("gpus", gpus), ("cpus", cpus), ("nodes", nodes), ("gpus_per_node", gpus_per_node))}
+        port = 6379 if ray_port is None else int(ray_port)
     except ValueError as e:
         raise UsageError(f"bad value: {e}") from None
     return slurm_command(SlurmOptions(
-        task_line=task_line, image=image, partition=partition, time=time, srun_args=srun_args or "",
+        task_line=line.tokens, image=image, image_source=image_source, partition=partition, time=time,
+        jobid=None if jobid is None else str(jobid), ray_port=port, stage=stage, srun_args=srun_args or "",
         mounts=mounts or "", no_container=no_container, detach=detach, dry_run=dry_run,
         allow_local_logs=allow_local_logs, **numbers), config=c.config)
 
 
 @task(
     help={
-        "job": "Slurm job id printed by `invoke slurm --detach`",
+        "job": "Slurm job id printed by `invoke slurm --detach` (J, or J.S for a step in an existing allocation)",
         "log_dir": "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
         "json": "print the state as JSON",
     },
@@ -179,7 +194,7 @@ def slurm_status(c, job, log_dir=None, json=False):
 
 @task(
     help={
-        "job": "Slurm job id printed by `invoke slurm --detach`",
+        "job": "Slurm job id printed by `invoke slurm --detach` (J, or J.S for a step in an existing allocation)",
         "log_dir": "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
         "follow": "keep printing until the job has finished; then exit with the task's code",
     },

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from env.launchers.base import LaunchPlan, Launcher, TaskLine, run_dirs_in
+from env.launchers.base import Launcher, LaunchPlan, TaskLine, run_dirs_in
 from env.settings import PROJECT_ROOT
 
 

@@ -3,7 +3,9 @@
 Slurm accounting is often off, so the state comes from the first source that knows the job: `squeue -t all` (the
 controller, while it still holds the job), `sacct` (when accounting exists), `scontrol show job`; and in any case
 from what the job itself left under `$LOG_DIR/slurm/`: `<job>.exit` (the step's exit code) and the level's run
-directory (named in the job's log by `[verl-e2e] run directory: ...`), whose summary.json holds the "result".
+directory (named in the job's log by `[verl-e2e] run directory: ...`, found by base.run_dirs_in), whose
+summary.json holds the "result". A step started with `invoke slurm --jobid J --detach` is asked about as `J.S`:
+its state from `squeue -s` / `scontrol show step`, its files under the same names.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from env.launchers.base import exit_code_of, run_dirs_in
 from env.launchers.slurm import JOBS_SUBDIR
 from env.settings import TOOL_PREFIX, UsageError
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}
-RUN_DIR_LINE = re.compile(rb"\[verl-e2e\] run directory: (.+)")
+JOB_OR_STEP = re.compile(r"\d+(_\d+)?(\.\d+)?")
 
 
 @dataclass
@@ -62,8 +65,31 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | 
         return None
 
 
+def step_state(step_id: str) -> tuple[str | None, str | None, str | None]:
+    """A step's (state, source, exit) while Slurm holds it: `squeue -s`, then `scontrol show step`; a finished
+    step is gone from both (without accounting), and its exit file answers instead."""
+    job = step_id.split(".")[0]
+    out = _run(["squeue", "-h", "-s", "-j", job, "-o", "%i %T"])
+    if out is not None and out.returncode == 0:
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if parts and parts[0] == step_id:
+                return (parts[1] if len(parts) > 1 else "RUNNING"), "squeue", None
+    out = _run(["sacct", "-n", "-P", "-j", step_id, "-o", "State,ExitCode"])
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        state, _, code = out.stdout.strip().splitlines()[0].partition("|")
+        return state.split()[0], "sacct", code or None
+    out = _run(["scontrol", "show", "step", "-o", step_id])
+    if out is not None and out.returncode == 0 and "StepId=" in out.stdout:
+        fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+        return fields.get("State"), "scontrol", None
+    return None, None, None
+
+
 def slurm_state(job_id: str) -> tuple[str | None, str | None, str | None]:
     """(state, source, exit "N:S") from squeue, then sacct, then scontrol; (None, None, None) if none knows it."""
+    if "." in job_id:
+        return step_state(job_id)
     queued = None
     out = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
     controller_down = out is None or "Unable to contact" in out.stderr
@@ -85,20 +111,13 @@ def slurm_state(job_id: str) -> tuple[str | None, str | None, str | None]:
 
 def find_run_dir(log: Path) -> Path | None:
     """The last run directory the job's log names (a level prints it first and last)."""
-    if not log.is_file():
-        return None
-    found = None
-    with open(log, "rb") as f:
-        for line in f:
-            m = RUN_DIR_LINE.search(line)
-            if m:
-                found = m.group(1).strip().decode(errors="replace")
-    return Path(found) if found else None
+    found = run_dirs_in(log)
+    return Path(found[-1]) if found else None
 
 
 def job_status(job_id: str, log_dir: Path) -> JobStatus:
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise UsageError(f"{job_id!r} is not a Slurm job id")
+    if not JOB_OR_STEP.fullmatch(job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id (J, or J.S for a step)")
     jobs_dir = log_dir / JOBS_SUBDIR
     record_path = jobs_dir / f"{job_id}.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -115,7 +134,8 @@ def job_status(job_id: str, log_dir: Path) -> JobStatus:
     result = result_code = None
     if run_dir is not None and (run_dir / "summary.json").is_file():
         summary = json.loads((run_dir / "summary.json").read_text())
-        result, result_code = summary.get("result"), summary.get("exit_code")
+        result = summary.get("result")
+        result_code = summary.get("exit_code", exit_code_of(result) if result else None)
     return JobStatus(job_id=job_id, slurm_state=state, state_source=source, slurm_exit=slurm_exit,
                      log=str(log) if log.exists() else None, step_exit_code=step_exit,
                      run_dir=str(run_dir) if run_dir else None, result=result, result_exit_code=result_code,
