@@ -281,7 +281,7 @@ def staging_lines(command: list[str], record: str) -> list[str]:
     rec = q(record)
     lines = [f": > {rec}"]
     for task in (["download-model"], ["prep-data"]):
-        argv = [*command, *task]
+        argv = ["env", "-u", "HF_HUB_OFFLINE", *command, *task]  # the run is offline; its staging is not
         lines += [
             f'echo "{TOOL_PREFIX} staging: {shlex.join(task)}"',
             f"{shlex.join(argv)}; rc=$?",

@@ -15,8 +15,9 @@ Unlike the recipe's `sleep 10`, every wait is on an event, through files in a re
   Ray on the machine, another user's on a shared node or — on the one-machine test cluster — the other node's).
   Slurm ends whatever is left of the step afterwards.
 
-Ray ports: the head's GCS port is --ray-port (default 6379); per node the dashboard agent and worker port range are
-offset by the node's rank and the temp dir is per job and rank, so several Ray nodes can share one machine.
+Ray ports: the head's GCS port is --ray-port P (default 6379), its client server P+100; per node the dashboard agent
+listens on P+1+rank and workers take a port range offset by the rank; the temp dir is per job and rank — so several
+Ray nodes (and the one-machine test cluster) can share a host.
 """
 
 from __future__ import annotations
@@ -144,11 +145,12 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         'head=${VERL_E2E_RAY_HEAD%%=*}',
         'tmp=/tmp/verl-e2e-ray-${SLURM_JOB_ID:-0}-$rank',
         f'common="--node-ip-address=$ip{gpus} --disable-usage-stats --block --temp-dir=$tmp '
-        '--dashboard-agent-listen-port=$((52365 + rank)) --min-worker-port=$((10002 + 1000 * rank)) '
+        f'--dashboard-agent-listen-port=$(({int(ray_port)} + 1 + rank)) --min-worker-port=$((10002 + 1000 * rank)) '
         '--max-worker-port=$((11001 + 1000 * rank))"',
         'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then common="$common --num-cpus=$SLURM_CPUS_PER_TASK"; fi',
         'if [ "$rank" = 0 ]; then',
-        f'  args="--head --port={int(ray_port)} --include-dashboard=false $common"',
+        f'  args="--head --port={int(ray_port)} --ray-client-server-port={int(ray_port) + 100} '
+        '--include-dashboard=false $common"',
         "else",
         *("  " + x for x in _wait_file('"$rdv/up-$head"', "the Ray head did not start", timeout_s,
                                       also_fail='"$rdv/failed-$head"')),
