@@ -108,8 +108,17 @@ class SlurmCluster:
             subprocess.run(["nsenter", "-t", str(self.slurmd_pid(node)), "-m", "umount", dst], capture_output=True)
 
     def stop(self) -> None:
-        """Stop every daemon by its pid (slurmds first), each whole process tree: TERM, then KILL."""
+        """Cancel what still runs here (a failed test may leave a job: its slurmstepd outlives slurmd), wait until
+        the controller holds no running job, then stop every daemon by its pid (slurmds first): TERM, then KILL."""
         self.unbind_all()
+        if self.processes.get("slurmctld") and self.processes["slurmctld"].poll() is None:
+            self.client("scancel", "--full", "--state=RUNNING,PENDING", "--user=root", timeout=30)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                out = self.client("squeue", "-h", "-t", "RUNNING,PENDING,COMPLETING", "-o", "%i", timeout=30)
+                if out.returncode != 0 or not out.stdout.strip():
+                    break
+                time.sleep(0.5)
         for name in sorted(self.processes, key=lambda n: n.startswith("slurmctld")):
             proc = self.processes[name]
             if proc.poll() is not None:

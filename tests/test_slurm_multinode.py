@@ -30,6 +30,7 @@ from tests import slurm_cluster
 pytestmark = [pytest.mark.slurm, pytest.mark.ray, pytest.mark.timeout(600)]
 
 LOCAL = ("--allow-local-logs", "--cpus", "1")
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,22 @@ def ws(workspace, cluster2):
     workspace.env.update(cluster2.env, RAY_USAGE_STATS_ENABLED="0")
     yield workspace
     cluster2.unbind_all()
+
+
+def _invoke(ws, *args: str, env: dict | None = None, timeout: float = 540) -> subprocess.CompletedProcess:
+    """`invoke` as ws.invoke runs it, in its own session: on a timeout the whole tree (salloc, the driver, srun)
+    is killed, not just invoke."""
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env={**ws.env, **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:  # the group may hold leftovers even after invoke exited
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def _port() -> int:
@@ -85,8 +102,8 @@ def _run_dir(stdout: str) -> Path:
 
 def test_two_nodes_one_ray_cluster_level0_passes_on_the_head(ws):
     port = _port()
-    out = ws.invoke("slurm", "--no-container", *LOCAL, "--nodes", "2", "--gpus-per-node", "1", "--ray-port",
-                    str(port), "level0", "--skip-bridge-checks", env={"VERL_E2E_RAY_PROBE": "1"}, timeout=540)
+    out = _invoke(ws, "slurm", "--no-container", *LOCAL, "--nodes", "2", "--gpus-per-node", "1", "--ray-port",
+                  str(port), "level0", "--skip-bridge-checks", env={"VERL_E2E_RAY_PROBE": "1"})
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
     # one Ray cluster of both Slurm nodes (their own addresses), 2 × 1 GPUs
@@ -119,9 +136,9 @@ def test_a_node_that_imports_another_bridge_is_named_and_blocks(ws, cluster2, tm
     empty.mkdir()
     cluster2.bind_on("n2", empty, ws.bridge / "src")
     port = _port()
-    out = ws.invoke("slurm", "--no-container", *LOCAL, "--nodes", "2", "--gpus-per-node", "1", "--ray-port",
-                    str(port), "level0", "--skip-bridge-checks",
-                    env={"PYTHONPATH": f"{ws.env['PYTHONPATH']}{os.pathsep}{other}"}, timeout=540)
+    out = _invoke(ws, "slurm", "--no-container", *LOCAL, "--nodes", "2", "--gpus-per-node", "1", "--ray-port",
+                  str(port), "level0", "--skip-bridge-checks",
+                  env={"PYTHONPATH": f"{ws.env['PYTHONPATH']}{os.pathsep}{other}"})
     text = out.stdout + out.stderr
     assert out.returncode == 3, text
     src = ws.bridge / "src"
@@ -138,7 +155,7 @@ def test_ctrl_c_stops_the_task_and_every_nodes_ray(ws):
     proc = subprocess.Popen(
         [sys.executable, "-m", "invoke", "slurm", "--no-container", *LOCAL, "--nodes", "2", "--gpus-per-node", "1",
          "--ray-port", str(port), "level0", "--skip-bridge-checks"],
-        cwd=Path(__file__).resolve().parents[1], env={**ws.env, "FIXTURE_STEP_SLEEP": "60"},
+        cwd=PROJECT, env={**ws.env, "FIXTURE_STEP_SLEEP": "60"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     lines = []
     try:

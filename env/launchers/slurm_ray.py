@@ -112,8 +112,8 @@ def _wait_file(path: str, what: str, timeout_s: int, also_fail: str | None = Non
     """Shell lines: wait until `path` exists (or the rendezvous says the run is over), else exit 3."""
     fail = f' || [ -e {also_fail} ]' if also_fail else ""
     return [
-        f"n=0; until [ -e {path} ]{fail} || [ -e \"$rdv/done\" ]; do",
-        f"  n=$((n+1)); if [ \"$n\" -gt {timeout_s * 5} ]; then",
+        f"_w=0; until [ -e {path} ]{fail} || [ -e \"$rdv/done\" ] || [ -e \"$rdv/nodes.exit\" ]; do",
+        f"  _w=$((_w+1)); if [ \"$_w\" -gt {timeout_s * 5} ]; then",
         f"    echo \"{TOOL_PREFIX} node $node: {what} not within {timeout_s}s: Blocked (cluster setup)\"; exit 3; fi",
         "  sleep 0.2",
         "done",
@@ -124,11 +124,13 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
                 setup: list[str], exports: list[str], workdir: str, timeout_s: int = JOIN_TIMEOUT_S) -> str:
     """What each node's task runs (one task per node): probe, start its Ray node, wait for `done`, stop it."""
     q = shlex.quote
-    ray = f'{q(python)} -c "import sys; from ray.scripts.scripts import main; sys.argv[0] = \'ray\'; sys.exit(main())"'
+    ray_main = "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())"
     gpus = f" --num-gpus={int(gpus_per_node)}" if gpus_per_node else ""
     lines = [
         "set -u",
         'node=${SLURMD_NODENAME:-$(hostname -s)}; rank=${SLURM_NODEID:-0}; rdv=$VERL_E2E_RAY_RDV',
+        # whatever stops this task early tells the others (they wait on files, not on time)
+        "trap 'rc=$?; [ \"$rc\" -eq 0 ] || touch \"$rdv/failed-$node\"' EXIT",
         f'echo "{TOOL_PREFIX} slurm step: job ${{SLURM_JOB_ID:-?}} step ${{SLURM_STEP_ID:-?}} on $(hostname) '
         f'(node $node, rank $rank: ray $([ "$rank" = 0 ] && echo head || echo worker))"',
         *exports,
@@ -158,8 +160,8 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         '  args="--address=${VERL_E2E_RAY_HEAD#*=} $common"',
         "fi",
         # its own session: teardown stops exactly this Ray (its process group), nothing else on the machine
-        f"setsid bash -c 'echo $$ > \"$0\"; shift; eval \"exec $*\"' \"$rdv/ray-$node.pgid\" {ray} start $args "
-        '> "$rdv/ray-$node.log" 2>&1 < /dev/null &',
+        f"setsid bash -c 'echo $$ > \"$1\"; shift; exec \"$@\"' _ \"$rdv/ray-$node.pgid\" {q(python)} -c "
+        f'{q(ray_main)} start $args > "$rdv/ray-$node.log" 2>&1 < /dev/null &',
         "ray_pid=$!",
         f'echo "{TOOL_PREFIX} node $node: ray start $args"',
         'until grep -q "Ray runtime started" "$rdv/ray-$node.log" 2>/dev/null || ! kill -0 "$ray_pid" 2>/dev/null; '
@@ -251,7 +253,7 @@ def driver_script(*, srun: list[str], nodes: int, node_argv: list[str], head_arg
         '  touch "$rdv/done"',
         '  if [ -n "$ray_step" ]; then',
         '    n=0; while kill -0 "$ray_step" 2>/dev/null && [ "$n" -lt 300 ]; do sleep 0.2; n=$((n+1)); done',
-        '    kill -0 "$ray_step" 2>/dev/null && kill -TERM "$ray_step" 2>/dev/null',
+        '    kill -0 "$ray_step" 2>/dev/null && kill -TERM "$(cat "$rdv/nodes.pid")" 2>/dev/null',
         '    wait "$ray_step" 2>/dev/null',
         "  fi",
         *([f'  echo "$rc" > {exit_file}'] if exit_file else []),  # shell text: may hold $job
@@ -271,8 +273,9 @@ def driver_script(*, srun: list[str], nodes: int, node_argv: list[str], head_arg
         ]
     nodes_csv = '"$(IFS=,; echo "${use[*]}")"'
     lines += [
-        f'{srun_s} --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 -w {nodes_csv} '
-        f'{" ".join(q(a) for a in node_argv)} &',
+        # the Ray node step; when it ends (all nodes' Ray stopped, or it failed) `nodes.exit` says so to the waiters
+        f'{{ {srun_s} --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 -w {nodes_csv} '
+        f'{" ".join(q(a) for a in node_argv)} & echo $! > "$rdv/nodes.pid"; wait $!; echo $? > "$rdv/nodes.exit"; }} &',
         "ray_step=$!",
         f'{srun_s} --nodes=1 --ntasks=1 -w "$head" {" ".join(q(a) for a in head_argv)} &',
         "task_step=$!",
