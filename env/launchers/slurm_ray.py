@@ -130,7 +130,25 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         "set -u",
         'node=${SLURMD_NODENAME:-$(hostname -s)}; rank=${SLURM_NODEID:-0}; rdv=$VERL_E2E_RAY_RDV',
         # whatever stops this task early tells the others (they wait on files, not on time)
-        "trap 'rc=$?; [ \"$rc\" -eq 0 ] || touch \"$rdv/failed-$node\"' EXIT",
+        'ray_pid=; tmp=/tmp/verl-e2e-ray-${SLURM_JOB_ID:-0}-$rank',
+        # stops exactly the Ray this task started (its own session / process group): at the end, and on
+        # scancel / srun's TERM / Ctrl-C too — an orphaned Ray would escape the step (linuxproc tracks by parent)
+        "stop_ray() {",
+        '  [ -n "$ray_pid" ] || return 0',
+        '  pg=$(cat "$rdv/ray-$node.pgid" 2>/dev/null || echo "$ray_pid"); ray_pid=',
+        '  if kill -0 -- -"$pg" 2>/dev/null; then',
+        '    kill -TERM -- -"$pg" 2>/dev/null',
+        '    _s=0; while kill -0 -- -"$pg" 2>/dev/null && [ "$_s" -lt 50 ]; do sleep 0.2; _s=$((_s+1)); done',
+        '    kill -KILL -- -"$pg" 2>/dev/null',
+        '    _s=0; while kill -0 -- -"$pg" 2>/dev/null && [ "$_s" -lt 50 ]; do sleep 0.2; _s=$((_s+1)); done',
+        f'    echo "{TOOL_PREFIX} node $node: ray stopped"',
+        "  else",
+        f'    echo "{TOOL_PREFIX} node $node: ray had already exited"; tail -n 20 "$rdv/ray-$node.log"',
+        "  fi",
+        '  rm -rf "$tmp"; touch "$rdv/stopped-$node"',
+        "}",
+        "trap 'rc=$?; stop_ray; [ \"$rc\" -eq 0 ] || touch \"$rdv/failed-$node\"' EXIT",
+        "trap 'exit 143' TERM INT",
         f'echo "{TOOL_PREFIX} slurm step: job ${{SLURM_JOB_ID:-?}} step ${{SLURM_STEP_ID:-?}} on $(hostname) '
         f'(node $node, rank $rank: ray $([ "$rank" = 0 ] && echo head || echo worker))"',
         *exports,
@@ -145,7 +163,6 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         f'{q(python)} -c {q(NODE_PROBE)} "$rdv/probe-$node.json" || '
         f'echo "{TOOL_PREFIX} node $node: the import probe itself failed"',
         'head=${VERL_E2E_RAY_HEAD%%=*}',
-        'tmp=/tmp/verl-e2e-ray-${SLURM_JOB_ID:-0}-$rank',
         f'common="--node-ip-address=$ip{gpus} --disable-usage-stats --block --temp-dir=$tmp '
         f'--dashboard-agent-listen-port=$(({int(ray_port)} + 1 + rank)) --min-worker-port=$((10002 + 1000 * rank)) '
         '--max-worker-port=$((11001 + 1000 * rank))"',
@@ -162,7 +179,7 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         # its own session: teardown stops exactly this Ray (its process group), nothing else on the machine
         f"setsid bash -c 'echo $$ > \"$1\"; shift; exec \"$@\"' _ \"$rdv/ray-$node.pgid\" {q(python)} -c "
         f'{q(ray_main)} start $args > "$rdv/ray-$node.log" 2>&1 < /dev/null &',
-        "ray_pid=$!",
+        'ray_pid=$!; disown "$ray_pid" 2>/dev/null || true  # stopped by us: no "Killed" line from bash',
         f'echo "{TOOL_PREFIX} node $node: ray start $args"',
         'until grep -q "Ray runtime started" "$rdv/ray-$node.log" 2>/dev/null || ! kill -0 "$ray_pid" 2>/dev/null; '
         "do sleep 0.2; done",
@@ -173,18 +190,7 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         'touch "$rdv/up-$node"',
         f'echo "{TOOL_PREFIX} node $node: ray node up at $ip (pid $ray_pid)"',
         'until [ -e "$rdv/done" ] || ! kill -0 "$ray_pid" 2>/dev/null; do sleep 0.2; done',
-        'pg=$(cat "$rdv/ray-$node.pgid" 2>/dev/null || echo "$ray_pid")',
-        'if kill -0 -- -"$pg" 2>/dev/null; then',
-        '  kill -TERM -- -"$pg" 2>/dev/null',
-        '  n=0; while kill -0 -- -"$pg" 2>/dev/null && [ "$n" -lt 150 ]; do sleep 0.2; n=$((n+1)); done',
-        '  kill -KILL -- -"$pg" 2>/dev/null',
-        '  n=0; while kill -0 -- -"$pg" 2>/dev/null && [ "$n" -lt 50 ]; do sleep 0.2; n=$((n+1)); done',
-        f'  echo "{TOOL_PREFIX} node $node: ray stopped"',
-        "else",
-        f'  echo "{TOOL_PREFIX} node $node: ray had already exited"; tail -n 20 "$rdv/ray-$node.log"',
-        "fi",
-        'rm -rf "$tmp"',
-        'touch "$rdv/stopped-$node"',
+        "stop_ray",
     ]
     return "\n".join(lines) + "\n"
 
