@@ -231,6 +231,10 @@ def _wait_listening(cluster: SlurmCluster, timeout: float) -> None:
 
 
 if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `kill PID` stops the daemons too
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     c = start_cluster(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/verl-e2e-slurm"),
                       nodes=int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     print(f"export SLURM_CONF={c.conf}  # node(s) {', '.join(c.nodes or [c.node])} idle; Ctrl-C stops it", flush=True)

@@ -28,6 +28,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -621,9 +622,14 @@ def _script_file(jobs_dir: Path, kind: str, text: str) -> Path:
     return script
 
 
-def _stream(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, bool]:
-    """Run argv in the foreground, its output relayed here; (exit code, whether a step said it started)."""
-    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, env=env)
+def _stream(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
+            on_interrupt: Any = None) -> tuple[int, bool]:
+    """Run argv in the foreground, its output relayed here; (exit code, whether a step said it started).
+
+    on_interrupt(proc): the child runs in its own session and a Ctrl-C here is handed to it by this callback
+    (the multi-node driver tears down in order: the task, then every node's Ray); without one, the child is in
+    our process group and gets the terminal's Ctrl-C itself (srun cancels its step)."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, env=env, start_new_session=bool(on_interrupt))
     from sessions.run.progress import Relay
 
     started, tail, out = False, b"", Relay()  # status lines: one line redrawn in place on a terminal
@@ -635,7 +641,15 @@ def _stream(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> tu
                 tail = (tail + chunk)[-4096:]
                 started = STEP_STARTED in tail
         code = proc.wait()
-    except KeyboardInterrupt:  # srun/salloc/the driver got the Ctrl-C too and stop the step(s); let them finish
+    except KeyboardInterrupt:  # srun got the Ctrl-C too (or the driver is told) and stops the step(s)
+        if on_interrupt is not None:
+            on_interrupt(proc)
+            try:  # the driver's teardown prints what it stopped: keep relaying it
+                while chunk := os.read(proc.stdout.fileno(), 65536):
+                    out.write(chunk)
+                    out.flush()
+            except KeyboardInterrupt:
+                os.killpg(proc.pid, signal.SIGKILL)
         try:
             proc.wait(timeout=120)
         finally:
@@ -667,14 +681,24 @@ def run_attached(p: SlurmPlan) -> int:
     p.log_dir.mkdir(parents=True, exist_ok=True)
     if p.multinode:
         jobs_dir = p.log_dir / JOBS_SUBDIR
-        script = _script_file(jobs_dir, "driver", p.driver_script(jobs_dir))
+        script = _script_file(jobs_dir, "driver", "")
+        pid_file = script.with_suffix(".pid")
+        script.write_text(p.driver_script(jobs_dir, header=[f"echo $$ > {shlex.quote(str(pid_file))}"]))
         if p.jobid:
             argv, env = ["bash", str(script)], {**os.environ, "VERL_E2E_JOB": p.jobid}
         else:
             require_binaries("salloc")
             argv, env = p.salloc_argv(script), None
+
+        def interrupt(proc: subprocess.Popen) -> None:
+            """Ctrl-C: TERM to the driver alone; its EXIT trap stops the task step, then every node's Ray."""
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except (OSError, ValueError):  # no driver yet (salloc still waiting): end the whole session
+                os.killpg(proc.pid, signal.SIGTERM)
+
         say(f"multi-node run: {shlex.join(argv)}")
-        code, started = _stream(argv, p.workdir, env)
+        code, started = _stream(argv, p.workdir, env, on_interrupt=interrupt)
     else:
         argv = p.srun_argv()
         say(f"srun step: {shlex.join(argv[:-1])} <step script>")
