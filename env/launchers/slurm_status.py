@@ -11,6 +11,7 @@ its state from `squeue -s` / `scontrol show step`, its files under the same name
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -41,10 +42,14 @@ class JobStatus:
     result_exit_code: int | None
     task_line: list[str] | None
 
+    launcher_pid: int | None = None  # `--jobid J --detach`: the backgrounded launcher of step J.S (this host)
+
     @property
     def finished(self) -> bool:
         if self.step_exit_code is not None:
             return True
+        if "." in self.job_id:  # a step: its exit file says it ended, or its launcher here is gone without one
+            return self.slurm_state is None and self.launcher_pid is not None and not _alive(self.launcher_pid)
         return self.slurm_state is not None and self.slurm_state not in ACTIVE_STATES
 
     @property
@@ -53,6 +58,16 @@ class JobStatus:
         if self.result_exit_code is not None:
             return self.result_exit_code
         return self.step_exit_code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
@@ -69,12 +84,9 @@ def step_state(step_id: str) -> tuple[str | None, str | None, str | None]:
     """A step's (state, source, exit) while Slurm holds it: `squeue -s`, then `scontrol show step`; a finished
     step is gone from both (without accounting), and its exit file answers instead."""
     job = step_id.split(".")[0]
-    out = _run(["squeue", "-h", "-s", "-j", job, "-o", "%i %T"])
-    if out is not None and out.returncode == 0:
-        for line in out.stdout.splitlines():
-            parts = line.split()
-            if parts and parts[0] == step_id:
-                return (parts[1] if len(parts) > 1 else "RUNNING"), "squeue", None
+    out = _run(["squeue", "-h", "-s", "-j", job, "-o", "%i"])  # squeue lists running steps only
+    if out is not None and out.returncode == 0 and step_id in out.stdout.split():
+        return "RUNNING", "squeue", None
     out = _run(["sacct", "-n", "-P", "-j", step_id, "-o", "State,ExitCode"])
     if out is not None and out.returncode == 0 and out.stdout.strip():
         state, _, code = out.stdout.strip().splitlines()[0].partition("|")
@@ -139,7 +151,7 @@ def job_status(job_id: str, log_dir: Path) -> JobStatus:
     return JobStatus(job_id=job_id, slurm_state=state, state_source=source, slurm_exit=slurm_exit,
                      log=str(log) if log.exists() else None, step_exit_code=step_exit,
                      run_dir=str(run_dir) if run_dir else None, result=result, result_exit_code=result_code,
-                     task_line=record.get("task_line"))
+                     task_line=record.get("task_line"), launcher_pid=record.get("pid"))
 
 
 def status_command(job_id: str, log_dir: Path, as_json: bool = False) -> int:
