@@ -184,7 +184,7 @@ def test_invoke_cli_end_to_end_runs_a_real_task_of_this_project(tmp_path, sshd):
          str(remote_root), "--remote-python", REMOTE_PYTHON, "judge", "--log", str(log)],
         cwd=PROJECT_ROOT, env=env, capture_output=True, timeout=240)
     assert remote.returncode == local.returncode, remote.stderr.decode()[-2000:]
-    assert (remote_root / "verl-bridge-e2e/env/remote.py").exists()
+    assert (remote_root / "verl-bridge-e2e/env/launchers/remote.py").exists()
     assert local.stdout.decode().strip().splitlines()[-1] in remote.stdout.decode()
 
 

@@ -190,7 +190,7 @@ def test_a_sync_interrupted_before_rsync_is_not_a_conflict_next_time(trees, monk
     def rsync_dies(*args, **kwargs):
         raise env.launchers.sync.TransferFailed("rsync to host failed (12): connection unexpectedly closed")
 
-    monkeypatch.setattr(env.sync, "rsync_files", rsync_dies)
+    monkeypatch.setattr(env.launchers.sync, "rsync_files", rsync_dies)
     assert trees.sync() == 3  # Blocked, one line
     assert trees.err == "error: rsync to host failed (12): connection unexpectedly closed\n"
     monkeypatch.undo()
