@@ -176,3 +176,40 @@ def test_ctrl_c_stops_the_task_and_every_nodes_ray(ws):
     assert code != 0, text
     assert "node n1: ray stopped" in text and "node n2: ray stopped" in text, text
     _assert_ray_gone(_rdv(text))
+
+
+def test_detached_batch_job_on_two_nodes(ws):
+    """--detach: the same driver as an sbatch job; followed to its end, with the exit file and run directory."""
+    port = _port()
+    out = _invoke(ws, "slurm", "--no-container", *LOCAL, "--detach", "--nodes", "2", "--gpus-per-node", "1",
+                  "--ray-port", str(port), "level0", "--skip-bridge-checks")
+    assert out.returncode == 0, out.stdout + out.stderr
+    job = re.search(r"submitted batch job (\d+)", out.stdout).group(1)
+    follow = _invoke(ws, "slurm-logs", job, "--follow")
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert "2 nodes (127.0.0.2, 127.0.0.3), 2 GPUs" in follow.stdout
+    assert "ray cluster torn down; slurm step exit code 0" in follow.stdout
+    assert (ws.log_dir / "slurm" / f"{job}.exit").read_text().strip() == "0"
+    assert json.loads((_run_dir(follow.stdout) / "summary.json").read_text())["result"] == "Pass"
+    _assert_ray_gone(_rdv(follow.stdout))
+
+
+def test_jobid_two_node_allocation_detached_is_followed_by_step(ws, cluster2):
+    """An existing two-node allocation (held open): the Ray cluster and the level as steps inside it."""
+    held = cluster2.client("salloc", "--no-shell", "-N2", "--ntasks-per-node=1", "--gpus-per-node=1",
+                           "--cpus-per-task=1", "--time=30", timeout=60)
+    job = re.search(r"Granted job allocation (\d+)", held.stdout + held.stderr).group(1)
+    try:
+        out = _invoke(ws, "slurm", "--no-container", *LOCAL, "--jobid", job, "--detach", "--nodes", "2",
+                      "--gpus-per-node", "1", "--ray-port", str(_port()), "level0", "--skip-bridge-checks")
+        assert out.returncode == 0, out.stdout + out.stderr
+        step = re.search(rf"started step ({job}\.\d+) in allocation {job}", out.stdout).group(1)
+        follow = _invoke(ws, "slurm-logs", step, "--follow")
+        assert follow.returncode == 0, follow.stdout + follow.stderr
+        assert "2 nodes (127.0.0.2, 127.0.0.3), 2 GPUs" in follow.stdout
+        env = json.loads((_run_dir(follow.stdout) / "env.json").read_text())
+        assert env["SLURM_JOB_ID"] == job  # a step of the held allocation
+        assert (ws.log_dir / "slurm" / f"{step}.exit").read_text().strip() == "0"
+        _assert_ray_gone(_rdv(follow.stdout))
+    finally:
+        cluster2.client("scancel", job)
