@@ -104,57 +104,76 @@ def remote(c, host, remote_root, bridge_path, verl_path, tool_path, sync_only, f
     Usage: invoke remote --host gpu01 level1 --model ORG/NAME [-- hydra overrides]. Streams the output, exits
     with the task's code (3 when the host cannot be reached), and copies the run directory into the local LOG_DIR.
     """
-    from env.launchers.remote import remote_task
+    from env.launchers.base import TaskLine
+    from env.launchers.remote import RemoteLauncher
     from env.protocol.cli import forwarded_args, task_remainder
     from env.settings import UsageError
 
     forwarded = forwarded_args(c, "remote")
     if sync_only and forwarded:
         raise UsageError(f"--sync-only runs nothing: drop the task line ({' '.join(forwarded)}) or --sync-only")
-    return remote_task(
-        host=host, forwarded=forwarded, remainder=task_remainder(c), remote_root=remote_root,
-        bridge_path=bridge_path, verl_path=verl_path, tool_path=tool_path, sync_only=sync_only, force=force,
-        checkout=checkout, dry_run=dry_run, ssh_config=ssh_config, remote_python=remote_python,
-    )
+    line = TaskLine.parse(forwarded, task_remainder(c), launcher="remote") if forwarded else None
+    return RemoteLauncher(
+        host, line, remote_root=remote_root, bridge_path=bridge_path, verl_path=verl_path, tool_path=tool_path,
+        sync_only=sync_only, force=force, checkout=checkout, ssh_config=ssh_config, remote_python=remote_python,
+    ).launch(dry_run=dry_run)
 
 
 SLURM = FlagTable((
-    Flag("image", None, "container image (VERL_IMAGE; default a vLLM-flavoured verlai/verl tag); recorded in the run",
-         nonempty=True),
+    Flag("image", None, "container image: a tag (VERL_IMAGE; default a vLLM-flavoured verlai/verl tag) or an "
+         "Enroot/SquashFS file (.sqsh); recorded in the run", nonempty=True),
+    Flag("image_source", None, "with an image file: the verlai/verl tag it was converted/mirrored from "
+         "(VERL_IMAGE_SOURCE); shown next to the file in the report", nonempty=True),
     Flag("partition", None, "Slurm partition (default: the site's; SLURM_PARTITION/SBATCH_PARTITION also work)",
          nonempty=True),
     Flag("gpus", None, "GPUs for the step (srun --gpus)", kind="int", minimum=0),
+    Flag("gpus_per_node", None, "GPUs per node (--gpus-per-node; with --nodes: trainer.n_gpus_per_node, "
+         "NUM_GPUS = N×G)", kind="int", minimum=1),
+    Flag("nodes", None, "nodes: > 1 makes one Ray cluster across the allocation, the task on its head "
+         "(trainer.nnodes)", kind="int", minimum=1),
     Flag("cpus", None, "CPUs for the step (--cpus-per-task; verl's Ray needs ~10 or more)", kind="int", minimum=1),
     Flag("time", None, "time limit (MIN, HH:MM:SS or D-HH:MM)", nonempty=True),
+    Flag("jobid", None, "run the step inside this existing allocation (srun --jobid=J --overlap); with --detach, "
+         "backgrounded here and recorded as J.<step>", nonempty=True),
+    Flag("ray_port", None, "with --nodes: the Ray head's port (default 6379)", kind="int", minimum=1, maximum=65535),
+    Flag("stage", False, "download-model and prep-data once first, in the same container (offline compute nodes); "
+         "recorded"),
     Flag("srun_args", "", "site options, passed untouched to srun (and to sbatch with --detach), e.g. \"-A acct --qos=q\""),
     Flag("mounts", "", "extra container mounts SRC[:DST[:FLAGS]],... (checkouts, project, data, models, logs are mounted)"),
     Flag("no_container", False, "run the task on the node with this project's Python instead of a pyxis container"),
     Flag("detach", False, "submit a batch job (sbatch) holding the same step; print job id, log path and how to follow it"),
     Flag("dry_run", False, "print the srun step (and batch script with --detach); submit nothing"),
     Flag("allow_local_logs", False, "accept a node-local LOG_DIR (/tmp ...): only on a single-node test cluster"),
-), conflicts=(("no_container", "image"),), why={("no_container", "image"): "--no-container uses no image"})
+), conflicts=(("no_container", "image"), ("no_container", "image_source")),
+   why={("no_container", "image"): "--no-container uses no image", ("no_container", "image_source"): "--no-container uses no image"})
 
 
 @declare(SLURM)
-def slurm(c, image, partition, gpus, cpus, time, srun_args, mounts, no_container, detach, dry_run, allow_local_logs):
-    """Run a task (level0 ... level5, prep-data, ...) in one Slurm srun step, in the verl container (pyxis).
+def slurm(c, image, image_source, partition, gpus, gpus_per_node, nodes, cpus, time, jobid, ray_port, stage, srun_args,
+          mounts, no_container, detach, dry_run, allow_local_logs):
+    """Run a task (level0 ... level5, plan, prep-data, ...) in Slurm, in the verl container (pyxis).
 
     Usage: invoke slurm [flags] level0 --model ORG/NAME [-- hydra overrides]. Inside the step the task runs via
     `nox -s verl -- <task>` so setup and run share one container. Attached: exits with the task's code.
+    `--jobid J`: a step in an existing allocation. `--nodes N --gpus-per-node G`: one Ray cluster over N nodes.
     """
-    from env.launchers.slurm import SlurmOptions, slurm_command
-    from env.protocol.cli import forwarded_args, remainder_args
+    from env.launchers.base import TaskLine
+    from env.launchers.slurm import NOT_FORWARDABLE, SlurmOptions, slurm_command
+    from env.protocol.cli import forwarded_args, task_remainder
 
-    remainder = remainder_args(c)
-    task_line = forwarded_args(c, "slurm") + (["--", *remainder] if remainder else [])
+    line = TaskLine.parse(forwarded_args(c, "slurm"), task_remainder(c), launcher="slurm",
+                          not_forwardable=NOT_FORWARDABLE)
+    numbers = {"nodes": nodes, "gpus_per_node": gpus_per_node}
+    port = 6379 if ray_port is None else ray_port
     return slurm_command(SlurmOptions(
-        task_line=task_line, image=image, partition=partition, time=time, srun_args=srun_args or "",
+        task_line=line.tokens, image=image, image_source=image_source, partition=partition, time=time,
+        jobid=None if jobid is None else str(jobid), ray_port=port, stage=stage, srun_args=srun_args or "",
         mounts=mounts or "", no_container=no_container, detach=detach, dry_run=dry_run,
-        allow_local_logs=allow_local_logs, gpus=gpus, cpus=cpus), config=c.config)
+        allow_local_logs=allow_local_logs, gpus=gpus, cpus=cpus, **numbers), config=c.config)
 
 
 SLURM_STATUS = FlagTable((
-    Flag("job", None, "Slurm job id printed by `invoke slurm --detach`", required=True),
+    Flag("job", None, "Slurm job id printed by `invoke slurm --detach` (J, or J.S for a step in an existing allocation)", required=True),
     Flag("log_dir", None, "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
          kind="path"),
     Flag("json", False, "print the state as JSON"),
@@ -177,7 +196,7 @@ def slurm_status(c, job, log_dir, json):
 
 
 SLURM_LOGS = FlagTable((
-    Flag("job", None, "Slurm job id printed by `invoke slurm --detach`", required=True),
+    Flag("job", None, "Slurm job id printed by `invoke slurm --detach` (J, or J.S for a step in an existing allocation)", required=True),
     Flag("log_dir", None, "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
          kind="path"),
     Flag("follow", False, "keep printing until the job has finished; then exit with the task's code"),

@@ -172,3 +172,55 @@ def test_sbatch_refusing_the_job_is_blocked(ws):
     assert out.returncode == 3, out.stdout + out.stderr
     assert out.stderr.rstrip().splitlines()[-1].startswith("error: sbatch refused the job")
     assert not list((ws.log_dir / "slurm").glob("*.json"))
+
+
+@pytest.fixture
+def held(cluster):
+    """An existing allocation, held open (`salloc --no-shell`), cancelled afterwards."""
+    out = cluster.client("salloc", "--no-shell", "--cpus-per-task=1", "--time=30", "--job-name=held", timeout=60)
+    m = re.search(r"Granted job allocation (\d+)", out.stdout + out.stderr)
+    assert m, out.stdout + out.stderr
+    job = m.group(1)
+    yield job
+    cluster.client("scancel", job)
+
+
+def test_jobid_attached_step_runs_inside_the_existing_allocation(ws, held):
+    out = ws.invoke("slurm", "--jobid", held, "--no-container", *LOCAL, "level0", "--skip-bridge-checks")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"inside the existing allocation {held}: srun --jobid={held} --overlap" in out.stdout
+    run_dir = _run_dir(out.stdout)
+    assert run_dir.parent == ws.log_dir
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["SLURM_JOB_ID"] == held and env["SLURM_STEP_ID"].isdigit()  # a new step of that job, not a new job
+    assert json.loads((run_dir / "summary.json").read_text())["result"] == "Pass"
+    fail = ws.invoke("slurm", "--jobid", held, "--no-container", *LOCAL, "level0", "--skip-bridge-checks",
+                     env={"FIXTURE_FAIL": "provider"})
+    assert fail.returncode == 1, fail.stdout + fail.stderr
+    assert json.loads((_run_dir(fail.stdout) / "summary.json").read_text())["result"] == "Fail"
+
+
+def test_jobid_detached_step_is_followed_by_step(ws, held):
+    out = ws.invoke("slurm", "--jobid", held, "--detach", "--no-container", *LOCAL, "level0",
+                    "--skip-bridge-checks")
+    assert out.returncode == 0, out.stdout + out.stderr
+    step = re.search(rf"started step ({held}\.\d+) in allocation {held}", out.stdout).group(1)
+    assert f"invoke slurm-logs {step} --follow" in out.stdout
+    follow = ws.invoke("slurm-logs", step, "--follow", timeout=240)
+    assert follow.returncode == 0, follow.stdout + follow.stderr
+    assert "slurm step exit code 0" in follow.stdout
+    log = ws.log_dir / "slurm" / f"slurm-{step}.log"
+    run_dir = _run_dir(log.read_text())
+    assert json.loads((run_dir / "env.json").read_text())["SLURM_JOB_ID"] == held
+    assert (ws.log_dir / "slurm" / f"{step}.exit").read_text().strip() == "0"
+    status = ws.invoke("slurm-status", step, "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    st = json.loads(status.stdout)
+    assert st["finished"] and st["result"] == "Pass" and st["run_dir"] == str(run_dir)
+    assert st["task_line"] == ["level0", "--skip-bridge-checks"]
+
+
+def test_jobid_of_no_running_allocation_is_blocked(ws):
+    out = ws.invoke("slurm", "--jobid", "999999", "--no-container", *LOCAL, "level0")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "allocation 999999 is unknown to Slurm" in out.stderr and not ws.run_dirs()

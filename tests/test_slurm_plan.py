@@ -277,3 +277,189 @@ def test_the_container_image_lands_in_the_run_record(workspace):
     assert run["settings"]["verl_image"] == image and run["setting_sources"]["verl_image"] == "env"
     assert any(image in n for n in json.loads((run_dir / "summary.json").read_text())["notes"])
     assert json.loads((run_dir / "env.json").read_text())["VERL_IMAGE"] == image
+
+
+# --- --jobid, image files, --nodes, --stage (issue 28); the launcher interface (env/launchers/base.py) ---------
+
+
+def test_jobid_runs_the_same_step_inside_the_allocation(spaced):
+    p = _plan(spaced, "level0", jobid="77", gpus=2, cpus=8, image="verlai/verl:vllm017.latest")
+    argv = p.srun_argv()
+    assert argv[1:7] == ["--jobid=77", "--overlap", "--nodes=1", "--ntasks=1", "--gpus=2", "--cpus-per-task=8"]
+    assert "--container-image=verlai/verl:vllm017.latest" in argv  # explicit image, mounts and workdir, as before
+    assert any(a.startswith("--container-mounts=") for a in argv) and f"--container-workdir={PROJECT}" in argv
+    assert any("existing allocation 77" in n for n in p.notes)
+    script = p.background_script(Path(spaced["LOG_DIR"]) / "slurm", Path(spaced["LOG_DIR"]) / "slurm" / "77.k.key")
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    assert "srun --jobid=77 --overlap" in script
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"jobid": "77", "partition": "gpu"}, "--partition with --jobid"),
+    ({"jobid": "77", "time": "10"}, "--time with --jobid"),
+    ({"jobid": "7; rm -rf /"}, "not a Slurm job id"),
+    ({"nodes": 0}, "--nodes must be >= 1"),
+    ({"nodes": 2, "gpus": 8}, "--gpus with --nodes"),
+    ({"gpus": 2, "gpus_per_node": 2}, "give one"),
+    ({"ray_port": 0}, "not a port"),
+])
+def test_bad_multinode_and_jobid_invocations(spaced, kw, message):
+    with pytest.raises(UsageError, match=message):
+        _plan(spaced, "level0", **kw)
+
+
+@pytest.fixture
+def sqsh(spaced) -> Path:
+    path = Path(spaced["LOG_DIR"]).parent / "images" / "verl vllm017.sqsh"
+    path.parent.mkdir()
+    path.write_bytes(b"hsqs")  # SquashFS magic; pyxis reads it, we only pass the path on
+    return path
+
+
+def test_image_file_with_its_source_tag(spaced, sqsh):
+    p = _plan(spaced, "level0", image=str(sqsh), image_source="verlai/verl:vllm017.latest")
+    assert f"--container-image={sqsh}" in p.srun_argv()
+    assert p.step_env["VERL_IMAGE"] == str(sqsh)
+    assert p.step_env["VERL_IMAGE_SOURCE"] == "verlai/verl:vllm017.latest"
+    assert p.step_env["VERL_E2E_CONTAINER_IMAGE"] == f"{sqsh} (source tag verlai/verl:vllm017.latest)"
+    assert str(sqsh.parent) not in {s for s, _ in p.mounts}  # pyxis reads the image itself: no mount
+    assert not any("no source tag" in w for w in p.warnings)
+    # the same from the environment
+    env = dict(spaced, VERL_IMAGE=str(sqsh), VERL_IMAGE_SOURCE="verlai/verl:vllm017.latest")
+    assert _plan(env, "level0").image_tag == "verlai/verl:vllm017.latest"
+
+
+def test_image_file_without_a_source_tag_is_a_warning_in_the_run_record(spaced, sqsh):
+    p = _plan(spaced, "level0", image=str(sqsh))
+    assert any("has no source tag: pass --image-source" in w for w in p.warnings)
+    assert p.step_env["VERL_E2E_CONTAINER_IMAGE"].startswith(f"{sqsh} (no source tag — warning: pass --image-source")
+    assert "VERL_IMAGE_SOURCE" not in p.step_env
+
+
+def test_image_file_refusals(spaced, sqsh):
+    with pytest.raises(UsageError, match="sglang-flavoured"):
+        _plan(spaced, "level0", image=str(sqsh), image_source="verlai/verl:sgl059.latest")
+    with pytest.raises(UsageError, match="does not exist here"):
+        _plan(spaced, "level0", image=str(sqsh.parent / "absent.sqsh"))
+    with pytest.raises(UsageError, match="is a tag already"):
+        _plan(spaced, "level0", image="verlai/verl:vllm017.latest", image_source="verlai/verl:vllm016.latest")
+    trt = sqsh.parent / "verl-trtllm1.2.sqsh"
+    trt.write_bytes(b"hsqs")
+    with pytest.raises(UsageError, match="trtllm-flavoured"):
+        _plan(spaced, "level0", image=str(trt))
+
+
+def test_nodes_make_one_ray_cluster_with_the_level_on_the_head(spaced):
+    p = _plan(spaced, "level2", "--variant", "dense", "--", "a=b", nodes=2, gpus_per_node=8, cpus=32,
+              partition="gpu", image="verlai/verl:vllm017.latest")
+    assert p.multinode and p.alloc_args == ["--nodes=2", "--ntasks-per-node=1", "--partition=gpu",
+                                            "--gpus-per-node=8", "--cpus-per-task=32"]
+    # the level on the head: the user's overrides, then verl's multi-node ones (later wins in Hydra)
+    assert p.task_line == ["level2", "--variant", "dense", "--", "a=b", "trainer.nnodes=2",
+                           "trainer.n_gpus_per_node=8"]
+    assert p.step_env["NUM_GPUS"] == "16"  # the level's GPU check: N×G
+    assert p.worker_pythonpath.split(":")[:3] == [f"{spaced['BRIDGE_REPO']}/src",
+                                                  f"{spaced['BRIDGE_REPO']}/3rdparty/Megatron-LM", spaced["VERL_REPO"]]
+    node = p.node_script()
+    assert "--head --port=6379" in node and "--address=${VERL_E2E_RAY_HEAD#*=}" in node and "--num-gpus=8" in node
+    assert "install-modelopt" in node  # every node's container gets the same setup as the head's
+    head = p.step_script()
+    assert "worker import probe" in head and "export RAY_ADDRESS=" in head
+    assert head.rstrip().endswith("exec python3 -m nox -s verl -- level2 --variant dense -- a=b trainer.nnodes=2 "
+                                  "trainer.n_gpus_per_node=8")
+    jobs = Path(spaced["LOG_DIR"]) / "slurm"
+    driver = p.batch_script(jobs)
+    for text in (driver, node, head):
+        assert subprocess.run(["bash", "-n", "-c", text]).returncode == 0
+    assert "--ntasks-per-node=1" in driver and "--gpus-per-node=8" in driver and "--container-image=" in driver
+    assert "trap teardown EXIT" in driver and '"$SLURM_JOB_ID".exit' in driver
+    assert p.salloc_argv(jobs / "d.sh")[:2] == ["salloc", "--job-name=verl-e2e-level2"]
+    with pytest.raises(UsageError, match="drop RAY_ADDRESS"):
+        _plan(dict(spaced, RAY_ADDRESS="10.0.0.1:6379"), "level0", nodes=2, gpus_per_node=8)
+    with pytest.raises(UsageError, match="BRIDGE_REPO and VERL_REPO"):
+        _plan({k: v for k, v in spaced.items() if k != "BRIDGE_REPO"}, "level0", nodes=2, gpus_per_node=8)
+
+
+def test_plan_run_on_several_nodes_passes_the_cluster_to_every_level(spaced):
+    p = _plan(spaced, "plan", "--run", nodes=2, gpus_per_node=4, no_container=True)
+    assert p.inner_command[-5:] == ["plan", "--run", "--", "trainer.nnodes=2", "trainer.n_gpus_per_node=4"]
+    assert p.step_env["NUM_GPUS"] == "8"
+
+
+def test_stage_downloads_and_prepares_once_in_the_same_container(spaced):
+    p = _plan(spaced, "level0", stage=True, image="verlai/verl:vllm017.latest")
+    assert p.step_env["HF_HUB_OFFLINE"] == "1" and p.step_env["VERL_E2E_STAGING"].endswith(".jsonl")
+    script = p.step_script()
+    assert "env -u HF_HUB_OFFLINE python3 -m nox -s verl -- download-model" in script
+    assert "env -u HF_HUB_OFFLINE python3 -m nox -s verl -- prep-data" in script
+    assert script.index("download-model") < script.index("exec python3 -m nox -s verl -- level0")
+    multi = _plan(spaced, "level0", stage=True, nodes=2, gpus_per_node=1, no_container=True)
+    driver = multi.batch_script(Path(spaced["LOG_DIR"]) / "slurm")
+    assert driver.index("staging model and data once") < driver.index("--ntasks-per-node=1 -w")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["slurm", "--dry-run", "--jobid", "77", "level0"], "srun --jobid=77 --overlap --nodes=1 --ntasks=1"),
+    (["slurm", "--dry-run", "--image", "{sqsh}", "--image-source", "verlai/verl:vllm017.latest", "level0"],
+     "container image: {sqsh} (source tag verlai/verl:vllm017.latest)"),
+    (["slurm", "--dry-run", "--nodes", "2", "--gpus-per-node", "8", "level0"],
+     "# ray cluster: 2 nodes × 8 GPUs, head on the first node (port 6379); the task on the head: level0 -- "
+     "trainer.nnodes=2 trainer.n_gpus_per_node=8"),
+    (["slurm", "--dry-run", "--detach", "--jobid", "77", "--nodes", "2", "--gpus-per-node", "8", "level0"],
+     "# --detach with --jobid: run here in the background"),
+])
+def test_new_slurm_flags_in_dry_run_via_the_real_cli(spaced, sqsh, args, expected):
+    env = {**os.environ, **spaced}
+    env.pop("SLURM_CONF", None)
+    args = [a.replace("{sqsh}", str(sqsh)) for a in args]
+    out = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=PROJECT, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    text = re.sub(r"\s*\\\n\s*", " ", out.stdout).replace("'", "")  # the step is printed one flag a line
+    assert expected.replace("{sqsh}", str(sqsh)) in text, out.stdout
+    assert not (Path(spaced["LOG_DIR"]) / "slurm").exists()
+
+
+def test_the_image_file_and_its_source_tag_land_in_the_run_record(workspace, tmp_path):
+    record = f"{tmp_path}/verl.sqsh (source tag verlai/verl:vllm017.latest)"
+    out = workspace.invoke("level0", "--skip-bridge-checks",
+                           env={"VERL_E2E_CONTAINER_IMAGE": record, "VERL_IMAGE": f"{tmp_path}/verl.sqsh",
+                                "VERL_IMAGE_SOURCE": "verlai/verl:vllm017.latest"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert re.search(rf"container image +{re.escape(record)}", out.stdout), out.stdout  # the preflight table
+    (run_dir,) = workspace.run_dirs()
+    assert json.loads((run_dir / "run.json").read_text())["evidence"]["container_image"] == record
+    assert json.loads((run_dir / "env.json").read_text())["VERL_IMAGE_SOURCE"] == "verlai/verl:vllm017.latest"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert record in summary["evidence"]["command"] and any(record in n for n in summary["notes"])
+    assert record in (run_dir / "summary.md").read_text()
+
+
+def test_task_line_is_parsed_once_for_every_launcher():
+    from env.launchers.base import TaskLine, run_dirs_in
+
+    line = TaskLine.parse(["level0", "--model", "m", "--", "a=b"], "'c=d e' f=g", launcher="slurm")
+    assert (line.task, line.args, line.overrides) == ("level0", ["--model", "m"], ["a=b", "c=d e", "f=g"])
+    assert line.tokens == ["level0", "--model", "m", "--", "a=b", "c=d e", "f=g"]
+    assert line.with_overrides(["x=1"]).overrides[-1] == "x=1" and line.overrides[-1] == "f=g"
+    kept, taken = TaskLine.parse(["level0", "--bridge-repo=/b", "--verl-repo", "/v", "-x"],
+                                 launcher="remote").without_flags(("--bridge-repo", "--verl-repo"))
+    assert kept.tokens == ["level0", "-x"] and taken == {"--bridge-repo": "/b", "--verl-repo": "/v"}
+    with pytest.raises(UsageError, match="makes no sense"):
+        TaskLine.parse(["slurm-logs"], launcher="slurm", not_forwardable=("slurm-logs",))
+    out = b"x\n[verl-e2e] run directory: /a b\r\n[verl-e2e] status\r[verl-e2e] run directory: /c\n"
+    assert run_dirs_in(out) == ["/a b", "/c"] and run_dirs_in(out.decode()) == ["/a b", "/c"]
+
+
+def test_local_launcher_runs_the_task_here_and_finds_its_run_directory(workspace, monkeypatch):
+    from env.launchers.base import TaskLine
+    from env.launchers.local import LocalLauncher
+
+    for k, v in workspace.env.items():
+        monkeypatch.setenv(k, v)
+    launcher = LocalLauncher(TaskLine.parse(["level0", "--skip-bridge-checks"], launcher="local"))
+    p = launcher.plan()
+    assert p.describe().splitlines()[1].endswith("-m invoke level0 --skip-bridge-checks")
+    assert launcher.run_attached(p) == 0
+    (run_dir,) = workspace.run_dirs()
+    assert p.run_dirs[-1] == str(run_dir)

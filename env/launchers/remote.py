@@ -15,18 +15,26 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from env.launchers.base import (
+    EXIT_BAD_USAGE,
+    EXIT_BLOCKED,
+    EXIT_INTERRUPTED,
+    Launcher,
+    LaunchPlan,
+    TaskLine,
+    run_dirs_in,
+)
 from env.launchers.remote_host import RemoteHost, RemoteUnavailable
 from env.launchers.sync import SyncPlan, TransferFailed, apply_plan, local_trees, make_plan
-from env.protocol import exits, lines
+from env.protocol import lines
 from env.settings import PROJECT_ROOT, UsageError, resolve
 
 DEFAULT_REMOTE_ROOT = "verl-e2e"  # under the remote home
 REMOTE_DIR_NAMES = {"bridge": "Megatron-Bridge", "verl": "verl", "tool": "verl-bridge-e2e"}
-EXIT_BLOCKED, EXIT_BAD_USAGE, EXIT_INTERRUPTED = exits.BLOCKED, exits.BAD_USAGE, exits.INTERRUPTED
 RESET_SIGINT_AND_EXEC = "import os,signal,sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
 
 
@@ -62,22 +70,15 @@ def layout(remote_root: str | None, bridge_path: str | None, verl_path: str | No
     )
 
 
+REPO_FLAGS = ("--bridge-repo", "--verl-repo")
+
+
 def take_repo_flags(forwarded: list[str]) -> tuple[list[str], dict[str, str]]:
     """--bridge-repo/--verl-repo in the forwarded task line name local checkouts: use them, do not forward them."""
-    kept, repos, i = [], {}, 0
-    while i < len(forwarded):
-        token = forwarded[i]
-        name, eq, value = token.partition("=")
-        if name in ("--bridge-repo", "--verl-repo"):
-            if not eq:
-                if i + 1 >= len(forwarded):
-                    raise UsageError(f"{name} needs a value")
-                value, i = forwarded[i + 1], i + 1
-            repos[name[2:].replace("-", "_")] = value
-        else:
-            kept.append(token)
-        i += 1
-    return kept, repos
+    if not forwarded:
+        return [], {}
+    line, taken = TaskLine(forwarded[0], forwarded[1:]).without_flags(REPO_FLAGS)
+    return line.tokens, {k[2:].replace("-", "_"): v for k, v in taken.items()}
 
 
 def task_wrapper_script(*, tool: str, python: str | None, env: dict[str, str], task_line: list[str],
@@ -161,7 +162,11 @@ def remote_task(
                   f"(e.g. apt-get install openssh-client rsync)\n".encode())
         err.flush()
         return EXIT_BLOCKED
-    task_line, repo_flags = take_repo_flags(forwarded)
+    line, repo_flags = None, {}
+    if forwarded:
+        line, taken = TaskLine.parse(forwarded, remainder, launcher="remote").without_flags(REPO_FLAGS)
+        repo_flags = {k[2:].replace("-", "_"): v for k, v in taken.items()}
+    task_line = [line.task, *line.args] if line else []
     settings = resolve(repo_flags)
     ssh_config = ssh_config or os.environ.get("VERL_E2E_SSH_CONFIG") or None
     ssh_config_path = Path(os.path.expanduser(ssh_config)).absolute() if ssh_config else None
@@ -191,8 +196,8 @@ def remote_task(
         roots = {p.tree.name: p.remote_root for p in plan.trees}
         command = None
         if task_line:
-            command = _task_command(roots, settings_paths=where, task_line=task_line, remainder=remainder,
-                                    python=remote_python, grace_s=grace_s)
+            command = _task_command(roots, settings_paths=where, line=line, python=remote_python,
+                                    grace_s=grace_s)
         if dry_run:
             say("[verl-e2e] dry run: nothing written, nothing run")
             if command:
@@ -207,10 +212,8 @@ def remote_task(
         say(f"[verl-e2e] running on {remote.display}: {' '.join(shlex.quote(a) for a in task_line)}")
         run_dirs: list[str] = []
 
-        def watch(line: bytes) -> None:
-            found = lines.find_run_dir_bytes(line)
-            if found:
-                run_dirs.append(found)
+        def watch(output_line: bytes) -> None:
+            run_dirs.extend(run_dirs_in(output_line))
 
         status, interrupted = remote.stream(command, out, err, on_line=watch)
         if not run_dirs:  # the task died before printing it: take what appeared in the remote LOG_DIR
@@ -236,17 +239,14 @@ def _counts(plan: SyncPlan) -> str:
                      for p in plan.trees)
 
 
-def _task_command(roots: dict[str, str], *, settings_paths: RemoteLayout, task_line: list[str], remainder: str,
-                  python: str | None, grace_s: int) -> str:
+def _task_command(roots: dict[str, str], *, settings_paths: RemoteLayout, line: TaskLine, python: str | None,
+                  grace_s: int) -> str:
     env = {"LOG_DIR": f"{roots['tool']}/verl_e2e_logs"}
     if settings_paths.bridge is not None:
         env["BRIDGE_REPO"] = roots["bridge"]
     if settings_paths.verl is not None:
         env["VERL_REPO"] = roots["verl"]
-    line = list(task_line)
-    if remainder.strip():
-        line += ["--", *shlex.split(remainder)]  # shell-quoted tokens (env/protocol/cli.py task_remainder)
-    script = task_wrapper_script(tool=roots["tool"], python=python, env=env, task_line=line, grace_s=grace_s)
+    script = task_wrapper_script(tool=roots["tool"], python=python, env=env, task_line=line.tokens, grace_s=grace_s)
     return f"bash -lc {shlex.quote(script)}"
 
 
@@ -266,3 +266,48 @@ def _copy_back(remote: RemoteHost, run_dirs: list[str], remote_tool: str, local_
         say(f"[verl-e2e] copied {remote.display}:{source} back")
         say(lines.run_dir_line(target))
         lines.note_run_dir(target)
+
+
+@dataclass
+class RemotePlan(LaunchPlan):
+    """What `invoke remote` will do before it connects: the host, the task line, the remote layout."""
+
+    host: str
+    line: TaskLine | None
+    layout: RemoteLayout
+    options: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        return (f"# on {self.host}: sync Bridge, verl and this project into {self.layout}, then run: "
+                f"{self.line or '(nothing: --sync-only)'}\n")
+
+
+class RemoteLauncher(Launcher):
+    """base.py's interface over `remote_task`: the sync plan needs the host, so the dry-run is remote_task's own
+    (it connects, plans the sync, writes and runs nothing); attached only, no detached jobs."""
+
+    name = "remote"
+
+    def __init__(self, host: str, line: TaskLine | None, **options):
+        self.host, self.line, self.options = host, line, options
+
+    def plan(self) -> RemotePlan:
+        o = self.options
+        where = layout(o.get("remote_root"), o.get("bridge_path"), o.get("verl_path"), o.get("tool_path"), True, True)
+        return RemotePlan(host=self.host, line=self.line, layout=where, options=dict(o))
+
+    def _run(self, dry_run: bool) -> int:
+        forwarded = [self.line.task, *self.line.args] if self.line else []
+        remainder = shlex.join(self.line.overrides) if self.line else ""
+        return remote_task(host=self.host, forwarded=forwarded, remainder=remainder, dry_run=dry_run,
+                           **self.options)
+
+    def run_attached(self, plan: RemotePlan) -> int:  # type: ignore[override]
+        return self._run(dry_run=False)
+
+    def launch(self, *, dry_run: bool = False, detach: bool = False) -> int:
+        if detach:
+            return super().launch(detach=True)  # refused: no detached remote runs
+        return self._run(dry_run=dry_run)

@@ -3,12 +3,15 @@
 Slurm accounting is often off, so the state comes from the first source that knows the job: `squeue -t all` (the
 controller, while it still holds the job), `sacct` (when accounting exists), `scontrol show job`; and in any case
 from what the job itself left under `$LOG_DIR/slurm/`: `<job>.exit` (the step's exit code) and the level's run
-directory (named in the job's log by `[verl-e2e] run directory: ...`), whose summary.json holds the "result".
+directory (named in the job's log by `[verl-e2e] run directory: ...`, found by base.run_dirs_in), whose
+summary.json holds the "result". A step started with `invoke slurm --jobid J --detach` is asked about as `J.S`:
+its state from `squeue -s` / `scontrol show step`, its files under the same names.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,12 +20,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from env.launchers.base import exit_code_of, run_dirs_in
 from env.launchers.slurm import JOBS_SUBDIR
-from env.protocol import lines
 from env.settings import TOOL_PREFIX, UsageError
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
                  "STAGE_OUT", "SIGNALING"}
+JOB_OR_STEP = re.compile(r"\d+(_\d+)?(\.\d+)?")
 
 
 @dataclass
@@ -38,10 +42,14 @@ class JobStatus:
     result_exit_code: int | None
     task_line: list[str] | None
 
+    launcher_pid: int | None = None  # `--jobid J --detach`: the backgrounded launcher of step J.S (this host)
+
     @property
     def finished(self) -> bool:
         if self.step_exit_code is not None:
             return True
+        if "." in self.job_id:  # a step: its exit file says it ended, or its launcher here is gone without one
+            return self.slurm_state is None and self.launcher_pid is not None and not _alive(self.launcher_pid)
         return self.slurm_state is not None and self.slurm_state not in ACTIVE_STATES
 
     @property
@@ -50,6 +58,16 @@ class JobStatus:
         if self.result_exit_code is not None:
             return self.result_exit_code
         return self.step_exit_code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:
@@ -62,8 +80,28 @@ def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | 
         return None
 
 
+def step_state(step_id: str) -> tuple[str | None, str | None, str | None]:
+    """A step's (state, source, exit) while Slurm holds it: `squeue -s`, then `scontrol show step`; a finished
+    step is gone from both (without accounting), and its exit file answers instead."""
+    job = step_id.split(".")[0]
+    out = _run(["squeue", "-h", "-s", "-j", job, "-o", "%i"])  # squeue lists running steps only
+    if out is not None and out.returncode == 0 and step_id in out.stdout.split():
+        return "RUNNING", "squeue", None
+    out = _run(["sacct", "-n", "-P", "-j", step_id, "-o", "State,ExitCode"])
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        state, _, code = out.stdout.strip().splitlines()[0].partition("|")
+        return state.split()[0], "sacct", code or None
+    out = _run(["scontrol", "show", "step", "-o", step_id])
+    if out is not None and out.returncode == 0 and "StepId=" in out.stdout:
+        fields = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+        return fields.get("State"), "scontrol", None
+    return None, None, None
+
+
 def slurm_state(job_id: str) -> tuple[str | None, str | None, str | None]:
     """(state, source, exit "N:S") from squeue, then sacct, then scontrol; (None, None, None) if none knows it."""
+    if "." in job_id:
+        return step_state(job_id)
     queued = None
     out = _run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"])
     controller_down = out is None or "Unable to contact" in out.stderr
@@ -85,18 +123,13 @@ def slurm_state(job_id: str) -> tuple[str | None, str | None, str | None]:
 
 def find_run_dir(log: Path) -> Path | None:
     """The last run directory the job's log names (a level prints it first and last)."""
-    if not log.is_file():
-        return None
-    found = None
-    with open(log, "rb") as f:
-        for line in f:
-            found = lines.find_run_dir_bytes(line) or found
-    return Path(found) if found else None
+    found = run_dirs_in(log)
+    return Path(found[-1]) if found else None
 
 
 def job_status(job_id: str, log_dir: Path) -> JobStatus:
-    if not re.fullmatch(r"\d+(_\d+)?", job_id):
-        raise UsageError(f"{job_id!r} is not a Slurm job id")
+    if not JOB_OR_STEP.fullmatch(job_id):
+        raise UsageError(f"{job_id!r} is not a Slurm job id (J, or J.S for a step)")
     jobs_dir = log_dir / JOBS_SUBDIR
     record_path = jobs_dir / f"{job_id}.json"
     record = json.loads(record_path.read_text()) if record_path.is_file() else {}
@@ -113,11 +146,12 @@ def job_status(job_id: str, log_dir: Path) -> JobStatus:
     result = result_code = None
     if run_dir is not None and (run_dir / "summary.json").is_file():
         summary = json.loads((run_dir / "summary.json").read_text())
-        result, result_code = summary.get("result"), summary.get("exit_code")
+        result = summary.get("result")
+        result_code = summary.get("exit_code", exit_code_of(result) if result else None)
     return JobStatus(job_id=job_id, slurm_state=state, state_source=source, slurm_exit=slurm_exit,
                      log=str(log) if log.exists() else None, step_exit_code=step_exit,
                      run_dir=str(run_dir) if run_dir else None, result=result, result_exit_code=result_code,
-                     task_line=record.get("task_line"))
+                     task_line=record.get("task_line"), launcher_pid=record.get("pid"))
 
 
 def status_command(job_id: str, log_dir: Path, as_json: bool = False) -> int:
