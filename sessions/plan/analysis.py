@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from env.settings import UsageError
+from sessions.plan import features as plan_features
 from sessions.plan import reach as plan_reach
 from sessions.plan import rules as plan_rules
 from sessions.plan.change import Change, _is_bridge_python
@@ -49,6 +50,10 @@ class ChangedUnit:
     export_only: bool = False  # the nearest verl entry points that move weights all export them
     nearest: list[str] = field(default_factory=list)  # those nearest entry points
     family: str | None = None  # the provider folder it belongs to (None: family-independent)
+    touched: dict[str, list[str]] = field(default_factory=dict)  # feature → facts of it on the changed lines
+    served: list[dict] = field(default_factory=list)  # the families whose own code it is (none: shared code)
+    strings: list[str] = field(default_factory=list)  # name-like strings of the changed code
+    conditions: list[str] = field(default_factory=list)  # conditions its changed lines run under
 
     @property
     def name(self) -> str:
@@ -58,7 +63,8 @@ class ChangedUnit:
         return {"unit": self.name, "file": self.file, "tier": self.tier, "new": self.new,
                 "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
                 "entries": self.entries, "export_only": self.export_only,
-                "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40]}
+                "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
+                "touched": self.touched, "families": [f["family"] for f in self.served] or ["all families"]}
 
 
 def plan_reach_label(key: str) -> str:
@@ -141,6 +147,33 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
+def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tier: str,
+              cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
+    """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
+    set, a layer module or spec defined), and the families whose own code the unit is, with each family's features
+    (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
+    it is about only."""
+    touched = plan_features.Sites()
+    names = ev.code + ev.strings if tier in ("calls", "api") else ev.subject
+    for name in names:
+        for f in plan_features.feature_of_name(name):
+            if not (f == "vlm" and plan_features.FLAG.match(name)):
+                touched.add(f, name)
+    if tier in ("calls", "api") and unit.node is not None:
+        structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
+        for w in structural.by_feature.get("custom-layer", []):
+            touched.add("custom-layer", w)
+    served = []
+    for fam in plan_features.families_serving(index, unit, cache):
+        bridge = index.units[fam.bridge]
+        span = set(range(bridge.start, bridge.end + 1)) & plan_reach.code_lines(index._text(bridge.file) or "")
+        served.append({"family": fam.name, "folder": fam.folder, "features": {
+            f: fam.sites.by_feature[f][:3] for f in fam.features()},
+            "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
+            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)})
+    return touched.by_feature, served
+
+
 def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     """Changed functions/classes of Bridge's source, each with whether and how verl reaches it."""
     if not any(_is_bridge_python(f.path) for f in change.files):
@@ -178,12 +211,14 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), []))[3].append(ev)
     direct = _direct_modules(index, surface)
+    fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
+    added_by_file = {f.path: set(f.added) for f in change.files}
     entries = plan_reach.verl_entries(index, surface, global_reach)
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
     for key, (unit, lines, code, old_evs) in per_unit.items():
         ev = plan_reach.evidence(unit, lines, code)
         # a name on both sides of an edited line did not change: only names added or removed count as code
-        for part in ("code", "guards"):
+        for part in ("code", "guards", "strings"):
             before = Counter(i for old_ev in old_evs for i in getattr(old_ev, part))
             after = Counter(getattr(ev, part))
             setattr(ev, part, list(((after - before) + (before - after)).elements()))
@@ -200,7 +235,9 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 "imports" if _beside_verl_imports(index, unit, direct) else "none")
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
-                         family=_family_folder(unit.file))
+                         family=_family_folder(unit.file), strings=ev.strings, conditions=ev.conditions)
+        if tier != "none":
+            cu.touched, cu.served = _features(index, unit, lines, ev, tier, fam_cache, added_by_file)
         if tier == "calls" and unit.kind != "module":
             if not entry_reach:
                 for e in entries:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from sessions.plan.index import Unit, _unit_nodes
 
+NAME_LIKE = re.compile(r"(?=[^ ]*[A-Za-z])[\w.*\-]{2,120}")
 WORD_SPLIT = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
 
@@ -67,6 +68,9 @@ class Evidence:
     code: list[str] = field(default_factory=list)
     guards: list[str] = field(default_factory=list)  # names of conditions the change edits
     new: bool = False  # the whole unit is new
+    strings: list[str] = field(default_factory=list)  # name-like strings of the changed code (parameter names of a
+    # mapping table, HF config keys): what the code converts, never prose (no spaces) nor a docstring
+    conditions: list[str] = field(default_factory=list)  # source of the conditions the changed lines run under
 
 
 def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
@@ -101,6 +105,9 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
             if any(n.lineno < ln <= end for ln in lines):
                 heads.add(n.lineno)
     counted = lines | heads
+    docs = {id(b.body[0].value) for b in ast.walk(node) if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef,
+            ast.ClassDef, ast.Module)) and b.body and isinstance(b.body[0], ast.Expr)
+            and isinstance(b.body[0].value, ast.Constant)}
     for n in own:
         line = getattr(n, "lineno", None)
         if line is None or id(n) in skip or line not in counted:
@@ -115,6 +122,9 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
             ev.code.append(n.arg)
         elif isinstance(n, ast.keyword) and n.arg:
             ev.code.append(n.arg)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs \
+                and NAME_LIKE.fullmatch(n.value):
+            ev.strings.append(n.value)
     if not ev.new:
         for n in own:
             if isinstance(n, (ast.If, ast.While)):
@@ -125,6 +135,9 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
                 negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
                             and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
                 names = _names_in(n.test, skip | negated, strings=True)
+                if not test_lines & lines and any(b.lineno <= ln <= (b.end_lineno or b.lineno)
+                                                  for b in n.body for ln in lines):
+                    ev.conditions.append(ast.unparse(n.test)[:200])
                 if test_lines & lines:
                     ev.guards += names  # an edited condition: compared with the old one by the caller
                 elif any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in [*n.body, *n.orelse] for ln in lines):

@@ -194,7 +194,49 @@ def _fires(rule: Rule, u: ChangedUnit) -> list[str]:
     hits = topic_hits(rule, list(u.words["subject"]))
     if u.tier in ("calls", "api") and rule.evidence == "code":
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
+    if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
+        hits += topic_hits(rule, list(u.words["code"]) + list(u.strings), rule.code_topics or rule.topics)
     return hits
+
+
+def _parallel(u: ChangedUnit) -> dict[str, list[str]]:
+    """Level 2 rules on one changed unit: what the code reads or sets of the parallel state. Finalization counts
+    only where the finalize change itself reads or sets parallel sizes or mpu state; Megatron mpu state that only
+    serves expert parallelism asks for the MoE variant, not the dense one."""
+    hits = {r.name: h for r in plan_rules.RULES if r.level == 2 and not r.optional and (h := _fires(r, u))}
+    if "provider-finalization" in hits and not set(hits) - {"provider-finalization"}:
+        hits.pop("provider-finalization")
+    moe = {"expert-parallel", "dispatcher"} & set(hits)
+    if moe and "tp-pp-cp" not in hits:
+        hits.pop("mpu-derived", None)
+        if "provider-finalization" in hits:
+            hits["expert-parallel"] = hits.get("expert-parallel", []) + hits.pop("provider-finalization")
+    return hits
+
+
+def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
+    """The Level 4 features a changed unit involves, each with the facts that say so.
+
+    Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
+    A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
+    VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
+    changed code is the family's own layer module or layer spec."""
+    if u.tier == "none" or (not u.served and u.tier == "api"):
+        return {}
+    out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
+    for fam in u.served if u.tier in ("calls", "api") else ():
+        feats = fam["features"]
+        take = dict(feats) if fam["new"] else {}
+        if "vlm" in feats:
+            take["vlm"] = feats["vlm"]
+        if fam["layer"]:
+            take["custom-layer"] = feats.get("custom-layer") or ["its own layer code"]
+        for f, facts in take.items():
+            why = (f"{fam['family']} is new and has {f}" if fam["new"] else
+                   f"{fam['family']} is a vision-language family" if f == "vlm" else
+                   f"{fam['family']}'s own layer code changed")
+            out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}")
+    return out
 
 
 def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
@@ -221,10 +263,16 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     for u in units:
         if u.tier in ("calls", "api"):
             add(plan_rules.BY_NAME["verl-runs-it"], [u.file], [{**u.to_json(), "matched": []}])
+        for feature, facts in involved_features(u).items():
+            add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
+        parallel = _parallel(u)
+        new_family_only = bool(u.served) and all(f["new"] for f in u.served)
         for rule in plan_rules.RULES:
-            hits = _fires(rule, u)
-            if rule.name == "vlm" and u.tier in ("calls", "api") and u.family and _is_vlm_family(u.file):
-                hits = hits or [f"{u.family} is a vision-language provider family"]
+            if rule.level == 4:
+                continue  # Level 4 comes from the families' features (involved_features)
+            if rule.level == 1 and new_family_only:
+                continue  # a new family's own save/export hooks: every family has them; L1 is for changes to them
+            hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
             if hits:
