@@ -54,6 +54,7 @@ class ChangedUnit:
     served: list[dict] = field(default_factory=list)  # the families whose own code it is (none: shared code)
     strings: list[str] = field(default_factory=list)  # name-like strings of the changed code
     conditions: list[str] = field(default_factory=list)  # conditions its changed lines run under
+    edited: list[str] = field(default_factory=list)  # every name of its edited statements (both sides, undiffed)
 
     @property
     def name(self) -> str:
@@ -147,14 +148,14 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
-def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tier: str,
+def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, raw: list[str], tier: str,
               cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
     """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
     set, a layer module or spec defined), and the families whose own code the unit is, with each family's features
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
     it is about only."""
     touched = plan_features.Sites()
-    names = ev.code + ev.strings if tier in ("calls", "api") else ev.subject
+    names = raw if tier in ("calls", "api") else ev.subject
     for name in names:
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):
@@ -217,6 +218,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
     for key, (unit, lines, code, old_evs) in per_unit.items():
         ev = plan_reach.evidence(unit, lines, code)
+        raw = ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
         # a name on both sides of an edited line did not change: only names added or removed count as code
         for part in ("code", "guards", "strings"):
             before = Counter(i for old_ev in old_evs for i in getattr(old_ev, part))
@@ -235,9 +237,10 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 "imports" if _beside_verl_imports(index, unit, direct) else "none")
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
-                         family=_family_folder(unit.file), strings=ev.strings, conditions=ev.conditions)
+                         family=_family_folder(unit.file), strings=ev.strings, conditions=ev.conditions,
+                         edited=sorted(set(raw)))
         if tier != "none":
-            cu.touched, cu.served = _features(index, unit, lines, ev, tier, fam_cache, added_by_file)
+            cu.touched, cu.served = _features(index, unit, lines, ev, raw, tier, fam_cache, added_by_file)
         if tier == "calls" and unit.kind != "module":
             if not entry_reach:
                 for e in entries:

@@ -35,7 +35,7 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "vlm": ("vision", "visual", "vit", "image", "images", "pixel", "video", "vlm", "multimodal"),
     "quantized": ("quantization config", "quantization", "quantized", "dequant", "dequantize", "fp8", "fp4",
                   "nvfp4", "mxfp4", "weight scale inv", "scale inv", "e8m0"),
-    "qat": ("modelopt", "qat", "mtq", "amax"),
+    "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer"),
 }
 # custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
 LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")
@@ -51,7 +51,10 @@ def _hit(words: list[str], table: tuple[str, ...]) -> str | None:
 
 
 def feature_of_name(name: str) -> list[str]:
-    """The features an identifier or a name-like string is a fact of (`num_moe_experts` → moe)."""
+    """The features an identifier or a name-like string is a fact of (`num_moe_experts` → moe). A string that ends
+    in a dot is a prefix some code filters by (`"vision_tower."` skipped on import), no part the family builds."""
+    if name.endswith("."):
+        return []
     words = words_of(name.replace(".", "_"))
     return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)]
 

@@ -195,8 +195,8 @@ def _fires(rule: Rule, u: ChangedUnit) -> list[str]:
     if u.tier in ("calls", "api") and rule.evidence == "code":
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
-        hits += topic_hits(rule, list(u.words["code"]) + list(u.strings), rule.code_topics or rule.topics)
-    return hits
+        hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
+    return sorted(set(hits))
 
 
 def _parallel(u: ChangedUnit) -> dict[str, list[str]]:
@@ -222,6 +222,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
     changed code is the family's own layer module or layer spec."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
+        return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
+    if not u.served and u.family and u.tier != "calls":
         return {}
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():

@@ -111,7 +111,7 @@ RULES: tuple[Rule, ...] = (
     Rule("megatron-fsdp", 3, "Megatron-FSDP wrapping, sharding, checkpoint format or distributed optimizer "
          "touched: the provider must also work when verl selects Megatron-FSDP",
          topics=("fsdp", "mfsdp", "fully shard", "fully sharded", "distributed optimizer", "sharding strategy",
-                 "dtensor"),
+                 "dtensor", "d tensor"),
          evidence="code"),
     # ---- Level 4: architecture-specific e2e
     Rule("vlm", 4, "vision-language model involved: text-only GSM8K does not run the vision encoder or image "
