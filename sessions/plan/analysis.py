@@ -65,7 +65,7 @@ class ChangedUnit:
                 "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
                 "entries": self.entries, "export_only": self.export_only,
                 "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
-                "touched": self.touched, "families": [f["family"] for f in self.served] or ["all families"]}
+                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"]}
 
 
 def plan_reach_label(key: str) -> str:
@@ -148,14 +148,14 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
-def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, raw: list[str], tier: str,
+def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
               cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
     """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
     set, a layer module or spec defined), and the families whose own code the unit is, with each family's features
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
     it is about only."""
     touched = plan_features.Sites()
-    names = raw if tier in ("calls", "api") else ev.subject
+    names = ev.subject + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
     for name in names:
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):
@@ -219,6 +219,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     for key, (unit, lines, code, old_evs) in per_unit.items():
         ev = plan_reach.evidence(unit, lines, code)
         raw = ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
+        targets = ev.targets + [n for old_ev in old_evs for n in old_ev.targets]
         # a name on both sides of an edited line did not change: only names added or removed count as code
         for part in ("code", "guards", "strings"):
             before = Counter(i for old_ev in old_evs for i in getattr(old_ev, part))
@@ -230,7 +231,11 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         if unit.kind == "module" and key in global_reach and unit.module not in direct and not any(
                 k in global_reach for k in index.modules[unit.module].units if k != key):
             global_reach.steps.pop(key)  # imported on the way, nothing of it runs: its module code is no verl path
-        tier = ("calls" if key in global_reach else
+        # a class statement that only runs because its module is imported is no verl call: its body's values
+        # matter once the class is used
+        imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live
+        tier = ("calls" if key in global_reach and not imported_only else
+                "imports" if imported_only else
                 "none" if unit.module not in modules else
                 "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
                 and not _has_bridge_caller(index, unit) else
@@ -240,7 +245,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                          family=_family_folder(unit.file), strings=ev.strings, conditions=ev.conditions,
                          edited=sorted(set(raw)))
         if tier != "none":
-            cu.touched, cu.served = _features(index, unit, lines, ev, raw, tier, fam_cache, added_by_file)
+            cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
         if tier == "calls" and unit.kind != "module":
             if not entry_reach:
                 for e in entries:

@@ -71,6 +71,7 @@ class Evidence:
     strings: list[str] = field(default_factory=list)  # name-like strings of the changed code (parameter names of a
     # mapping table, HF config keys): what the code converts, never prose (no spaces) nor a docstring
     conditions: list[str] = field(default_factory=list)  # source of the conditions the changed lines run under
+    targets: list[str] = field(default_factory=list)  # what the edited statements set (assignment targets)
 
 
 def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
@@ -105,6 +106,12 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
             if any(n.lineno < ln <= end for ln in lines):
                 heads.add(n.lineno)
     counted = lines | heads
+    for n in own:
+        if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and id(n) not in skip and any(
+                n.lineno <= ln <= (n.end_lineno or n.lineno) for ln in lines):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                ev.targets += [x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(t)
+                               if isinstance(x, (ast.Name, ast.Attribute))][-1:]
     docs = {id(b.body[0].value) for b in ast.walk(node) if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef,
             ast.ClassDef, ast.Module)) and b.body and isinstance(b.body[0], ast.Expr)
             and isinstance(b.body[0].value, ast.Constant)}

@@ -33,7 +33,7 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "moe": ("moe", "expert", "experts", "router", "routed", "ep", "etp", "n routed experts", "num experts"),
     "mtp": ("mtp", "nextn"),
     "vlm": ("vision", "visual", "vit", "image", "images", "pixel", "video", "vlm", "multimodal"),
-    "quantized": ("quantization config", "quantization", "quantized", "dequant", "dequantize", "fp8", "fp4",
+    "quantized": ("quant", "quantization config", "quantization", "quantized", "dequant", "dequantize", "fp8", "fp4",
                   "nvfp4", "mxfp4", "weight scale inv", "scale inv", "e8m0"),
     "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer"),
 }
@@ -42,6 +42,7 @@ LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "emb
 NOT_A_LAYER = ("bridge", "provider", "config", "mapping", "model", "state", "source", "registry", "dataset",
                "processor", "tokenizer", "loss", "step", "spec")
 FLAG = re.compile(r"(is|has|use|enable|skip)_", re.I)
+STANDARD_SPEC_PREFIX = "get_gpt_"  # Megatron-Core's GPT layer/block/MTP specs
 SPEC_WORDS = ("layer spec", "block spec", "module spec", "transformer layer spec")
 
 
@@ -144,9 +145,9 @@ def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = ""
             out.add("custom-layer", f"ModuleSpec(...) built ({where})")
         if isinstance(n, (ast.Assign, ast.AnnAssign)):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-            if any(_last_name(t) == "transformer_layer_spec" for t in targets):
+            if any(_last_name(t) == "transformer_layer_spec" for t in targets) and _own_spec(n.value):
                 out.add("custom-layer", f"transformer_layer_spec set ({where})")
-        if isinstance(n, ast.keyword) and n.arg == "transformer_layer_spec":
+        if isinstance(n, ast.keyword) and n.arg == "transformer_layer_spec" and _own_spec(n.value):
             out.add("custom-layer", f"transformer_layer_spec set ({where})")
         if name:
             for f in feature_of_name(name):
@@ -154,6 +155,15 @@ def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = ""
                     continue  # `is_vision_language`: a switch that describes, it builds no vision part
                 out.add(f, f"{name} ({where})")
     return out
+
+
+def _own_spec(value: ast.AST | None) -> bool:
+    """A layer spec other than Megatron-Core's standard GPT ones (`get_gpt_decoder_block_spec`, ...): those build
+    the default layers every GPT-style family has."""
+    if value is None:
+        return False
+    names = [x for x in (_last_name(n) for n in ast.walk(value)) if x and "spec" in x]
+    return not (names and all(x.startswith(STANDARD_SPEC_PREFIX) for x in names))
 
 
 def unit_nodes(unit: Unit) -> list[ast.AST]:

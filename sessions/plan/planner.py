@@ -206,7 +206,7 @@ def execute(plan: Plan, passthrough: list[str], remainder: list[str], keep_going
                                               f"(--keep-going runs later levels anyway)"))
             continue
         echo(f"{TOOL_PREFIX} plan: {entry.title}: invoke {shlex.join(args)}")
-        res = run_one(entry, args, remainder, echo)
+        res = run_one(entry, args, remainder + entry.overrides, echo)
         results.append(res)
         echo(f"{TOOL_PREFIX} plan: {entry.title}: {res.status}")
         if res.status != "Pass" and not keep_going:
@@ -260,6 +260,8 @@ def plan_command(c: Any, flags: dict[str, Any], base: str | None = None, run: bo
     change = read_change(settings.bridge_repo, base)
     plan = recommend(change, analyse(change, settings.verl_repo))
     passthrough = passthrough_args(flags)
+    if plan.bridge_tests and not flags.get("bridge_tests") and not flags.get("skip_bridge_checks"):
+        passthrough += ["--bridge-tests", ",".join(plan.bridge_tests)]  # the change's own tests, run first
     # The user's model (flag, env, invoke.yaml, or a local MODEL_PATH) wins; else each level gets its proposal.
     user_model = settings.model_id if (settings.source("model_id") != "default"
                                        or settings.source("model_path") not in ("default", "unset")) else None
@@ -292,7 +294,7 @@ def plan_command(c: Any, flags: dict[str, Any], base: str | None = None, run: bo
         for entry in plan.entries:
             args = level_command(entry, passthrough, model_for(entry)) + ["--dry-run"]
             echo(f"{TOOL_PREFIX} plan (dry-run): {entry.title}: invoke {shlex.join(args)}")
-            res = run_one(entry, args, remainder, echo)
+            res = run_one(entry, args, remainder + entry.overrides, echo)
             dry.append({**entry.to_json(), "command": shlex.join(res.command), "exit_code": res.exit_code})
             if res.exit_code != 0:
                 raise UsageError(f"invoke level{entry.level} --dry-run exited {res.exit_code}: {res.reason}")

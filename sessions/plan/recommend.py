@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from env import presets
+from sessions.plan import bridge_tests as plan_bridge_tests
+from sessions.plan import line_settings
 from sessions.plan import reach as plan_reach
 from sessions.plan import rules as plan_rules
 from sessions.plan.analysis import Analysis, ChangedUnit, _family_folder, _matches, is_doc, topic_hits
@@ -33,6 +35,8 @@ class Entry:
     reasons: list[Reason] = field(default_factory=list)
     model: str | None = None  # proposed checkpoint for this entry
     dummy: dict | None = None  # the dummy-model path when no small public checkpoint exists
+    settings: list[str] = field(default_factory=list)  # what it takes to run the changed line (beyond the preset)
+    overrides: list[str] = field(default_factory=list)  # the Hydra overrides that do it (plan --run appends them)
     optional: str | None = None  # offered, not required: why
 
     @property
@@ -49,6 +53,22 @@ class Entry:
     def title(self) -> str:
         return f"{self.label} ({presets.LEVELS[self.level].title})"
 
+    def justified_by(self) -> tuple[list[str], dict[str, list[str]]]:
+        """The families whose changed code justified this level ("all families" for shared code) and the features
+        (with their facts) it involves: Level 4 its own feature, the other levels what the changed code touches."""
+        fams: list[str] = []
+        feats: dict[str, list[str]] = {}
+        for r in self.reasons:
+            for u in r.units:
+                fams += [f for f in u.get("families", []) if f not in fams]
+                if self.feature:
+                    feats.setdefault(self.feature, []).extend(x for x in u.get("matched", [])
+                                                              if x not in feats[self.feature])
+                else:
+                    for f, facts in (u.get("touched") or {}).items():
+                        feats.setdefault(f, []).extend(x for x in facts if x not in feats.get(f, []))
+        return fams, {f: v[:6] for f, v in feats.items()}
+
     def to_json(self) -> dict:
         out: dict[str, Any] = {"level": self.level}
         if self.variant:
@@ -57,11 +77,14 @@ class Entry:
             out["feature"] = self.feature
         out["reasons"] = [{k: v for k, v in asdict(r).items() if v not in (None, [])} | {"files": r.files}
                           for r in self.reasons]
+        out["families"], out["features"] = self.justified_by()
         out["model"] = self.model
         if self.dummy:
             out["dummy"] = self.dummy
         if self.optional:
             out["optional"] = self.optional
+        if self.settings:
+            out["settings"], out["overrides"] = self.settings, self.overrides
         return out
 
 
@@ -94,6 +117,7 @@ class Plan:
     notes: list[str]
     units: list[ChangedUnit] = field(default_factory=list)
     optional: list[Entry] = field(default_factory=list)
+    bridge_tests: list[str] = field(default_factory=list)  # the change's own (or nearest) Bridge test files
 
     def to_json(self) -> dict:
         return {
@@ -105,6 +129,7 @@ class Plan:
             "optional": [e.to_json() for e in self.optional],
             "changed_units": [u.to_json() for u in self.units],
             "families": [asdict(h) for h in self.families], "unmatched_files": self.unmatched, "notes": self.notes,
+            "bridge_tests": self.bridge_tests,
         }
 
 
@@ -308,14 +333,22 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     primary = families[0] if families else None
     for e in entries + optional:
         e.model, e.dummy = _entry_model(e, primary)
+        if e.level in (2, 3, 4):
+            conds = list(dict.fromkeys(c for r in e.reasons for u in r.units for c in u.get("conditions", [])))
+            for what, overrides in line_settings.settings_for(conds, e.level, e.variant):
+                e.settings.append(what)
+                e.overrides += [o for o in overrides if o not in e.overrides]
     matched_files = {f for e in ordered for r in e.reasons for f in r.files}
     unmatched = [f.path for f in code if f.path not in matched_files and not _matches(f.path, plan_rules.BRIDGE_OWN)
                  and f.path not in {u.file for u in units if u.tier == "none"}]
     notes = []
-    outside = sorted({u.file for u in units if u.tier == "none"})
+    reached_files = {u.file for u in units if u.tier != "none"}
+    outside = sorted({u.file for u in units if u.tier == "none"} - reached_files)  # never on and off at once
+    tests = plan_bridge_tests.own_tests(change)
     if outside:
         notes.append("not on verl's path (verl never imports these; Bridge's own training loop, recipes or "
-                     f"scripts): {', '.join(outside)} — they justify no verl level. {plan_rules.BRIDGE_TESTS_HINT}")
+                     f"scripts): {', '.join(outside)} — they justify no verl level. "
+                     f"{plan_bridge_tests.hint(plan_bridge_tests.own_tests(change, outside))}")
     bridge_own = [f.path for f in code if _matches(f.path, plan_rules.BRIDGE_OWN)]
     if bridge_own:
         notes.append(f"Bridge's own tests/CI/examples changed ({len(bridge_own)} file(s)): they never run in "
@@ -329,4 +362,4 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     else:
         message = (f"no rule matched the {len(code)} changed file(s) on verl's path: no level is required; "
                    "nothing recommended")
-    return Plan(change, entries, families, message, False, unmatched, notes, units, optional)
+    return Plan(change, entries, families, message, False, unmatched, notes, units, optional, tests)

@@ -29,6 +29,11 @@ def _render_entry(e: Entry, passthrough: list[str], chosen_model: str | None) ->
     if e.optional:
         lines.append(f"    optional: {e.optional}")
     lines.append(f"    required when: {plan_rules.REQUIRED_WHEN[e.level]}")
+    fams, feats = e.justified_by()
+    if fams or feats:
+        lines.append("    for: " + (", ".join(fams) or "-") + ("; features: " + ", ".join(feats) if feats else ""))
+    for s in e.settings:
+        lines.append(f"    to run the changed line: {s}")
     for r in e.reasons:
         files = ", ".join(r.files) if r.files else "-"
         lines.append(f"    [{r.rule}] {r.why}: {files}")
@@ -71,6 +76,9 @@ def render_text(plan: Plan, passthrough: list[str] | None = None, chosen_model: 
         lines += _render_entry(e, passthrough or [], chosen_model)
     for n in plan.notes:
         lines += ["", n]
+    if plan.bridge_tests:
+        lines += ["", "Bridge-side tests of this change (run first): nox -s bridge_unit -- "
+                  + " ".join(plan.bridge_tests)]
     if plan.unmatched:
         lines += ["", "Changed files no rule maps to a level: " + ", ".join(plan.unmatched)]
     if plan.entries:
