@@ -142,8 +142,7 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
                 negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
                             and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
                 names = _names_in(n.test, skip | negated, strings=True)
-                if not test_lines & lines and any(b.lineno <= ln <= (b.end_lineno or b.lineno)
-                                                  for b in n.body for ln in lines):
+                if any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines):
                     ev.conditions.append(ast.unparse(n.test)[:200])
                 if test_lines & lines:
                     ev.guards += names  # an edited condition: compared with the old one by the caller
