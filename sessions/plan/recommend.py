@@ -11,7 +11,6 @@ from typing import Any
 from env import presets
 from sessions.plan import bridge_tests as plan_bridge_tests
 from sessions.plan import line_settings
-from sessions.plan import reach as plan_reach
 from sessions.plan import rules as plan_rules
 from sessions.plan.analysis import Analysis, ChangedUnit, _family_folder, _matches, is_doc, topic_hits
 from sessions.plan.change import Change, _is_bridge_python
@@ -145,13 +144,6 @@ def family_for(path: str) -> Family | None:
                   "verl's dummy-model path with a minimal config of this architecture")
 
 
-def _is_vlm_family(path: str) -> bool:
-    """A provider family whose models see images (the family table says so, or its folder is named so)."""
-    fam = family_for(path)
-    folder = _family_folder(path) or ""
-    return bool(fam and fam.vlm) or bool({"vl", "vlm", "omni"} & set(plan_reach.words_of(folder)))
-
-
 def _architectures(path: Path) -> list[str]:
     """HF architectures a bridge registers (`register_bridge(source="XForCausalLM", ...)`), for a dummy config."""
     try:
@@ -195,7 +187,9 @@ def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
-    if primary is None:  # family-independent code: any provider of the right kind runs it
+    if primary is None:  # shared code: one representative family with the feature runs it
+        if entry.level == 4 and entry.feature == "vlm":
+            return plan_rules.GENERIC_VLM, None
         return (plan_rules.GENERIC_MOE if needs_moe else plan_rules.GENERIC_DENSE), None
     if needs_moe:
         if primary.moe_checkpoint:

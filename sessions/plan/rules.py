@@ -39,8 +39,6 @@ DOC_PATTERNS: tuple[str, ...] = (
 )
 # Bridge's own tests, CI and examples: they never run in verl's process; `nox -s bridge_unit` runs Bridge's tests.
 BRIDGE_OWN = ("tests/*", ".github/*", "examples/*", "scripts/*", "docker/*", "tutorials/*", "skills/*", ".*")
-BRIDGE_TESTS_HINT = ("Bridge's own tests cover it: nox -s bridge_unit -- <the tests of the changed module, "
-                     "e.g. tests/unit_tests/training/...>")
 
 
 @dataclass(frozen=True)
@@ -226,6 +224,7 @@ FAMILIES: tuple[Family, ...] = (
 # Family-independent provider code: files directly under models/ and these folders of it.
 GENERIC_MODEL_DIRS = ("conversion", "common", "hf_pretrained", "gpt", "decorators", "mamba", "hybrid")
 GENERIC_DENSE = "Qwen/Qwen2.5-0.5B"  # the wrapper's default dense checkpoint, for family-independent code
+GENERIC_VLM = "Qwen/Qwen3-VL-2B-Instruct"  # a small public VLM with a Bridge provider, for shared code
 GENERIC_MOE = "allenai/OLMoE-1B-7B-0924"  # a small public MoE with a Bridge provider, for family-independent code
 
 # The dummy-model path (USE_DUMMY_MODEL=True): these values are merged onto the real HF config of MODEL_ID by
