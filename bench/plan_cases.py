@@ -1,15 +1,19 @@
 """Benchmark: `invoke plan` against labelled real Megatron-Bridge commits.
 
-    /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone --cases plan-cases.tsv \
+    /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone \
+        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--split dev|heldout|all] \
         [--verl /path/to/verl] [--extra 10] [--verbose]
 
-For each commit of the cases file (TSV: commit, kind, expected_levels, ...; expected like
-`L0,L4:moe (arguable: L2m)` or `none (arguable: L0)`), checks the commit out (detached) in the given clone, plans
-the commit against its parent with verl's surface read from --verl, and prints the required levels, the optional
-ones, and the verdict: exact, under (a required level missing) or over (a level neither required nor arguable).
-Optional (offered) levels never count as selected. `--extra N` also plans the N most recent first-parent commits of
-the clone's starting point that the cases file does not list, for eyeballing. The clone must be clean; its
-starting HEAD (branch or commit) is checked out again at the end, also after an error or Ctrl-C.
+Two case files: the shared one (TSV: commit, kind, expected_levels, ...) and this project's own
+(bench/plan-cases-own.tsv: commit, kind, expected_levels, split, note — labelled by the procedure by a helper who
+never saw the planner's output; `split` is dev when the short sha's first hex digit is 0-7, heldout for 8-f; the
+heldout half is never tuned on). Expected levels read like `L0,L4:moe (arguable: L2m)` or `none (arguable: L0)`.
+For each commit, checks it out (detached) in the given clone, plans the commit against its parent with verl's
+surface read from --verl, and prints the required levels, the optional ones, and the verdict: exact, under (a
+required level missing) or over (a level neither required nor arguable). Optional (offered) levels never count as
+selected. At the end: exact / under / over for shared, own-dev and own-heldout. `--extra N` also plans the N most
+recent first-parent commits no case file lists, for eyeballing. The clone must be clean; its starting HEAD (branch
+or commit) is checked out again at the end, also after an error or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -70,7 +74,14 @@ def describe(plan, verbose: bool) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bridge", required=True, type=Path, help="a Megatron-Bridge clone (checked out per commit)")
-    ap.add_argument("--cases", required=True, type=Path, help="TSV: commit, kind, expected_levels, ...")
+    shared = next((d / "shared" / "plan-cases.tsv" for d in (ROOT.parent, ROOT.parent.parent)
+                   if (d / "shared" / "plan-cases.tsv").is_file()), ROOT.parent / "shared" / "plan-cases.tsv")
+    ap.add_argument("--cases", type=Path, default=shared,
+                    help="the shared cases TSV: commit, kind, expected_levels, ... ('-' for none)")
+    ap.add_argument("--own", type=Path, default=ROOT / "bench" / "plan-cases-own.tsv",
+                    help="this project's cases TSV with a split column ('-' for none)")
+    ap.add_argument("--split", choices=("dev", "heldout", "all"), default="all",
+                    help="which half of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"), help="verl checkout")
     ap.add_argument("--extra", type=int, default=0, help="also plan N recent commits not in the cases file")
     ap.add_argument("--only", help="comma-separated commits of the cases file to run")
@@ -85,17 +96,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.bridge} has uncommitted changes; the bench checks out commits and needs a clean clone",
               file=sys.stderr)
         return 2
-    if not args.cases.is_file():
-        print(f"error: cases file {args.cases} does not exist", file=sys.stderr)
-        return 2
-    rows = [line.split("\t") for line in args.cases.read_text().splitlines()[1:] if line.strip()]
+    rows = []
+    for path, own in ((args.cases, False), (args.own, True)):
+        if str(path) == "-":
+            continue
+        if not path.is_file():
+            print(f"error: cases file {path} does not exist", file=sys.stderr)
+            return 2
+        lines = path.read_text().splitlines()
+        header = lines[0].split("\t")
+        for line in lines[1:]:
+            if not line.strip():
+                continue
+            cells = line.split("\t")
+            group = "shared"
+            if own:
+                split = cells[header.index("split")] if "split" in header else (
+                    "dev" if cells[0][0] in "01234567" else "heldout")
+                if args.split != "all" and split != args.split:
+                    continue
+                group = f"own-{split}"
+            rows.append((group, cells))
     if args.only:
-        rows = [r for r in rows if r[0] in args.only.split(",")]
+        rows = [(g, r) for g, r in rows if r[0] in args.only.split(",")]
     start = repo.active_branch.name if not repo.head.is_detached else repo.head.commit.hexsha
-    exact = under = over = 0
+    score: dict[str, list[int]] = {}  # group → [cases, exact, under, over]
     misses = []
     try:
-        for row in rows:
+        for group, row in rows:
             commit, kind, expected = row[0], row[1], row[2]
             required, arguable = parse_expected(expected)
             t0 = time.time()
@@ -108,10 +136,12 @@ def main(argv: list[str] | None = None) -> int:
             offered = {level_key(e) for e in plan.optional}
             missing, extra = required - got, got - required - arguable
             verdict = "exact" if not (missing or extra) else "UNDER" if missing else "over"
-            exact += verdict == "exact"
-            under += bool(missing)
-            over += bool(extra) and not missing
-            print(f"{commit} {verdict:5} expected {expected} | got {','.join(sorted(got)) or 'none'}"
+            tally = score.setdefault(group, [0, 0, 0, 0])
+            tally[0] += 1
+            tally[1] += verdict == "exact"
+            tally[2] += bool(missing)
+            tally[3] += bool(extra) and not missing
+            print(f"[{group}] {commit} {verdict:5} expected {expected} | got {','.join(sorted(got)) or 'none'}"
                   + (f" (optional: {','.join(sorted(offered))})" if offered else "")
                   + (f" | missing {','.join(sorted(missing))}" if missing else "")
                   + (f" | extra {','.join(sorted(extra))}" if extra else "") + f" | {time.time() - t0:.0f}s")
@@ -119,10 +149,16 @@ def main(argv: list[str] | None = None) -> int:
             if verdict != "exact" or args.verbose:
                 misses.append(commit)
                 print("\n".join(describe(plan, args.verbose)))
-        print(f"\nscore: {exact}/{len(rows)} exact, {under} under-selected, {over} over-selected"
-              + (f"; misses: {', '.join(c for c in misses)}" if misses else ""))
+        print()
+        for group in ("shared", "own-dev", "own-heldout"):
+            if group in score:
+                n, exact, under, over = score[group]
+                print(f"score {group}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "
+                      f"{over} over-selected")
+        if misses:
+            print(f"misses: {', '.join(misses)}")
         if args.extra:
-            listed = {r[0][:9] for r in rows}
+            listed = {r[0][:9] for _, r in rows}
             recent = [c for c in repo.iter_commits(start, first_parent=True, max_count=args.extra + len(rows) + 5)
                       if c.hexsha[:9] not in listed and len(c.parents) == 1][:args.extra]
             print(f"\n{len(recent)} further recent commits (not labelled; for eyeballing):")

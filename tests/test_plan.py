@@ -118,7 +118,8 @@ def test_json_recommendation_shape(workspace):
                "from megatron.bridge.models.model_provider import finalize")
     _feature_commit(workspace.bridge, {SRC + "models/qwen_vl/qwen3_vl_provider.py":
                                        "class P:\n    vision_config = None\n    pixel_values = 1\n",
-                                       SRC + "models/model_provider.py": "def finalize(self):\n    pass\n"})
+                                       SRC + "models/model_provider.py":  # finalize reads a parallel size
+                                       "def finalize(self):\n    self.tp = self.tensor_model_parallel_size\n"})
     data = json.loads(workspace.invoke("plan", "--json", check=True).stdout)
     recs = data["recommendation"]
     assert [r["level"] for r in recs] == [0, 2, 4]
@@ -135,7 +136,8 @@ def test_run_stops_at_failing_level0_and_skips_the_rest(workspace):
     _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA",
                "from megatron.bridge.models.model_provider import finalize")
     _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n",
-                                       SRC + "models/model_provider.py": "def finalize(self):\n    pass\n"})
+                                       SRC + "models/model_provider.py":
+                                       "def finalize(self):\n    self.tp = self.tensor_model_parallel_size\n"})
     proc = workspace.invoke("plan", "--run", "--skip-bridge-checks", "--json", env={"FIXTURE_FAIL": "provider"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     summary = json.loads(proc.stdout)

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from sessions.plan.planner import analyse, read_change, recommend
+from sessions.plan.render import render_text
 from tests.plan_fixtures import BRIDGE_BASE, B, bridge_history, edit, verl_checkout
 
 
@@ -58,7 +59,9 @@ CASES = {
                            'return _write({"model": model, "rng": None}, path)'), ["L0", "L1"]),
     "hf-export": (edit(MAPPING, "return [weights]", "return list([weights])"), ["L0", "L1", "L2d"]),
     # Level 2
-    "provider-finalization": (edit(GPT, "self.ready = True", "self.ready = bool(self)"), ["L0", "L2d"]),
+    # finalization counts where it reads or sets parallel sizes / mpu state (issue 26: not by the word finalize)
+    "provider-finalization": (edit(GPT, "self.ready = True", "self.ready = self.pipeline_model_parallel_size > 1"),
+                              ["L0", "L2d"]),
     "mpu-derived": (provide_guarded("parallel_state.is_last_rank()"), ["L0", "L2d"]),
     "tp-pp-cp": (provide_guarded("self.sequence_parallel"), ["L0", "L2d"]),
     "expert-parallel": (edit(MAPPING, "return [weights][:1]", "return list([weights])[:1]"),
@@ -108,7 +111,7 @@ def test_custom_layer_spec_in_a_new_module(tmp_path):
     change[B + "models/qwen/qwen3_spec.py"] = spec
     plan = plan_for(tmp_path, change)
     assert levels(plan) == ["L0", "L4:custom-layer"]
-    unit = reason_units(plan, "custom-layer")[0]
+    unit = next(u for u in reason_units(plan, "custom-layer") if u["unit"] == "qwen3_layer_spec")
     assert unit["unit"] == "qwen3_layer_spec" and unit["tier"] == "calls" and unit["new"] is True
     assert "Qwen3Bridge.provider_bridge" in " ".join(unit["path"])
 
@@ -176,9 +179,8 @@ def test_bridge_training_loop_points_at_bridge_tests(tmp_path):
     plan = plan_for(tmp_path, edit(B + "training/train.py", "model.step()", "model.step(step)"))
     assert plan.entries == [] and plan.optional == []
     assert plan.notes[0] == ("not on verl's path (verl never imports these; Bridge's own training loop, recipes or "
-                             "scripts): src/megatron/bridge/training/train.py — they justify no verl level. Bridge's "
-                             "own tests cover it: nox -s bridge_unit -- <the tests of the changed module, e.g. "
-                             "tests/unit_tests/training/...>")
+                             "scripts): src/megatron/bridge/training/train.py — they justify no verl level. no Bridge "
+                             "test of its own was found for it: add one (nox -s bridge_unit -- <its test file>)")
 
 
 def test_dependencies_are_optional_level0_with_the_reason(tmp_path):
@@ -276,7 +278,8 @@ def test_change_to_a_vision_language_family_involves_vlm(tmp_path):
         "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n\n\n"
         "@MegatronModelBridge.register_bridge(source='Qwen3VLForConditionalGeneration')\n"
         "class Qwen3TowerBridge(MegatronModelBridge):\n"
-        "    def provider_bridge(self, hf_config):\n        return hf_config\n")
+        "    def provider_bridge(self, hf_config):\n        return hf_config\n\n"
+        "    def mapping_registry(self):\n        return ['visual.blocks.*.attn.qkv.weight']\n")
     base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
                                       + "from megatron.bridge.models.qwen_vl.qwen3_vl_bridge import Qwen3TowerBridge\n")
     change = {B + "models/qwen_vl/qwen3_vl_bridge.py": base[B + "models/qwen_vl/qwen3_vl_bridge.py"].replace(
@@ -284,4 +287,138 @@ def test_change_to_a_vision_language_family_involves_vlm(tmp_path):
     plan = plan_for(tmp_path, change, base=base)
     assert [(e.key, e.model) for e in plan.entries] == [("L0", "Qwen/Qwen3-VL-2B-Instruct"),
                                                         ("L4:vlm", "Qwen/Qwen3-VL-2B-Instruct")]
-    assert reason_units(plan, "vlm")[0]["matched"] == ["qwen_vl is a vision-language provider family"]
+    # the family's own code maps a vision tower (a fact of its code, not its folder's name)
+    assert reason_units(plan, "vlm")[0]["matched"] == [
+        "Qwen3TowerBridge is a vision-language family: visual.blocks.*.attn.qkv.weight "
+        "(src/megatron/bridge/models/qwen_vl/qwen3_vl_bridge.py:11)"]
+
+
+# ---------------------------------------------------------------- issue 26: Level 4 from the families' features
+
+
+def _olmoe_with_config_mapping() -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    base[OLMOE] = textwrap.dedent(BRIDGE_BASE[OLMOE]).replace(
+        "class OlmoeBridge(MegatronModelBridge):\n",
+        "class OlmoeBridge(MegatronModelBridge):\n"
+        "    CONFIG_MAPPING = [(\"hidden_size\", \"hidden_size\"), (\"num_experts\", \"num_moe_experts\")]\n\n")
+    return base
+
+
+def test_moe_family_config_mapping_change_involves_moe(tmp_path):
+    # only strings change (the HF key of the routed-expert count): the family's config mapping is MoE code
+    base = _olmoe_with_config_mapping()
+    change = {OLMOE: base[OLMOE].replace('("num_experts", "num_moe_experts")',
+                                         '("n_routed_experts", "num_moe_experts")')}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]
+    moe = next(e for e in plan.entries if e.key == "L4:moe")
+    fams, feats = moe.justified_by()
+    assert fams == ["OlmoeBridge"] and "moe" in feats
+    assert any("n_routed_experts" in fact for fact in feats["moe"])
+
+
+def test_shared_peft_change_acting_only_on_experts_is_moe_for_all_families(tmp_path):
+    change = edit(LORA, "return module", "if getattr(module, \"is_expert\", False):\n"
+                  "    module.expert_lora_dim = self.dim\nreturn module")
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L1", "L4:moe"]
+    moe = next(e for e in plan.entries if e.key == "L4:moe")
+    assert moe.model == "allenai/OLMoE-1B-7B-0924"  # one representative MoE run for shared code
+    data = moe.to_json()
+    assert data["families"] == ["all families"] and set(data["features"]) == {"moe"}
+    l1 = next(e for e in plan.entries if e.key == "L1").to_json()
+    assert l1["families"] == ["all families"] and "moe" in l1["features"]
+
+
+def test_new_bridge_defining_megatron_to_hf_config_is_no_level1_by_that_alone(tmp_path):
+    base = dict(BRIDGE_BASE)
+    base[B + "models/conversion/model_bridge.py"] = textwrap.dedent(base[B + "models/conversion/model_bridge.py"]) \
+        .replace("        for mapping in self.mapping_registry():\n"
+                 "            yield mapping.megatron_to_hf(model)",
+                 "        self.megatron_to_hf_config(model)\n"
+                 "        for mapping in self.mapping_registry():\n"
+                 "            yield mapping.megatron_to_hf(model)")
+    assert "self.megatron_to_hf_config(model)" in base[B + "models/conversion/model_bridge.py"]
+    new = B + "models/densex/densex_bridge.py"
+    change = {
+        new: "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+             "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+             "@MegatronModelBridge.register_bridge(source='DenseXForCausalLM')\n"
+             "class DenseXBridge(MegatronModelBridge):\n"
+             "    def provider_bridge(self, hf_config):\n"
+             "        provider = GPTModelProvider()\n"
+             "        provider.hidden_size = hf_config.hidden_size\n"
+             "        return provider\n\n"
+             "    @classmethod\n"
+             "    def megatron_to_hf_config(cls, provider):\n"
+             "        return {'hidden_size': provider.hidden_size, 'save_format': 'safetensors'}\n",
+        B + "models/densex/__init__.py": "",
+        **edit(B + "models/__init__.py", "from megatron.bridge.models.olmoe.olmoe_bridge import OlmoeBridge",
+               "from megatron.bridge.models.olmoe.olmoe_bridge import OlmoeBridge\n"
+               "from megatron.bridge.models.densex.densex_bridge import DenseXBridge", base=base),
+    }
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0"]
+    unit = next(u for u in plan.units if u.name == "DenseXBridge.megatron_to_hf_config")
+    assert unit.tier == "calls" and "AutoBridge.export_hf_weights" in unit.entries  # verl's export runs it
+
+
+def _qwen_with_own_layers() -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    base[B + "models/qwen/qwen3_layers.py"] = (
+        "from megatron.core.transformer.attention import SelfAttention\n"
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n\n\n"
+        "class Qwen3GatedAttention(SelfAttention):\n"
+        "    def forward(self, hidden_states):\n"
+        "        out = hidden_states * 2\n"
+        "        return out\n\n\n"
+        "def qwen3_layer_spec(config):\n"
+        "    return ModuleSpec(module=Qwen3GatedAttention)\n")
+    base[QWEN] = textwrap.dedent(BRIDGE_BASE[QWEN]).replace(
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n",
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.qwen.qwen3_layers import qwen3_layer_spec\n").replace(
+        "        provider.hidden_size = hf_config.hidden_size\n",
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        provider.transformer_layer_spec = qwen3_layer_spec\n")
+    return base
+
+
+def test_change_to_a_familys_own_layer_module_is_custom_layer(tmp_path):
+    base = _qwen_with_own_layers()
+    change = {B + "models/qwen/qwen3_layers.py": base[B + "models/qwen/qwen3_layers.py"].replace(
+        "out = hidden_states * 2", "out = hidden_states * 3")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    fams, feats = next(e for e in plan.entries if e.key == "L4:custom-layer").justified_by()
+    assert fams == ["Qwen3Bridge"]
+    # the same family's provider config, away from its layers, is no custom-layer change
+    other = {QWEN: base[QWEN].replace("provider.hidden_size = hf_config.hidden_size",
+                                      "provider.hidden_size = hf_config.hidden_size * 1")}
+    assert levels(plan_for(tmp_path / "b", other, base=base)) == ["L0"]
+
+
+def test_bridge_tests_are_the_changes_own_test_files(tmp_path):
+    change = {**edit(LORA, "return module", "module.lora_dim = self.dim\nreturn module"),
+              "tests/unit_tests/peft/test_lora_dim.py": "def test_dim():\n    assert True\n"}
+    plan = plan_for(tmp_path / "a", change)
+    assert plan.bridge_tests == ["tests/unit_tests/peft/test_lora_dim.py"]
+    # without a test of its own, the nearest existing test of the changed module
+    nearest = plan_for(tmp_path / "b", edit(LORA, "return module", "module.lora_dim = self.dim\nreturn module"))
+    assert nearest.bridge_tests == ["tests/unit_tests/test_lora.py"]
+    assert "nox -s bridge_unit -- tests/unit_tests/test_lora.py" in render_text(nearest)
+
+
+def test_settings_that_run_the_changed_line(tmp_path):
+    # a default that only applies with EP>1 and ETP unset: the MoE variant's COMMON_ETP=1 would hide it
+    change = edit(MAPPING, "def megatron_to_hf(self, weights):\n    return self.gather_from_ep_ranks(weights)",
+                  "def megatron_to_hf(self, weights):\n"
+                  "    if self.ep_size > 1 and self.expert_tensor_parallel_size is None:\n"
+                  "        weights = list(weights)\n"
+                  "    return self.gather_from_ep_ranks(weights)")
+    plan = plan_for(tmp_path, change)
+    l2m = next(e for e in plan.entries if e.key == "L2m")
+    assert l2m.settings and "expert_tensor_parallel_size=null" in l2m.settings[0]
+    assert "++actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=null" in l2m.overrides
+    assert l2m.to_json()["overrides"] == l2m.overrides

@@ -39,8 +39,6 @@ DOC_PATTERNS: tuple[str, ...] = (
 )
 # Bridge's own tests, CI and examples: they never run in verl's process; `nox -s bridge_unit` runs Bridge's tests.
 BRIDGE_OWN = ("tests/*", ".github/*", "examples/*", "scripts/*", "docker/*", "tutorials/*", "skills/*", ".*")
-BRIDGE_TESTS_HINT = ("Bridge's own tests cover it: nox -s bridge_unit -- <the tests of the changed module, "
-                     "e.g. tests/unit_tests/training/...>")
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,12 @@ class Rule:
     optional: str | None = None  # offered, not required: why it is arguable
     within: str | None = None  # fires only where this other rule fires too (PEFT trainability: in PEFT code)
     code_topics: tuple[str, ...] = ()  # evidence="code": topics for the code's names when narrower than `topics`
+    code_in: tuple[str, ...] = ()  # globs where the names of changed code verl runs count, not only its subject
 
+
+# Where the parallel sizes and mpu state that changed code reads or sets count (provider, finalize, mapping and
+# PEFT adapter code verl runs), not only what the code is about.
+PARALLEL_CODE = (SRC + "models/*", SRC + "peft/*")
 
 RULES: tuple[Rule, ...] = (
     # ---- Level 0: the provider itself (fired by reachability, see sessions/plan/planner.py)
@@ -91,18 +94,22 @@ RULES: tuple[Rule, ...] = (
     Rule("provider-finalization", 2, "provider finalization changed: the provider must be finalized with the "
          "parallel sizes verl initialized through Megatron mpu", topics=("finalize",), variant="dense"),
     Rule("mpu-derived", 2, "parameters derived from Megatron mpu changed: they must stay right under TP/PP > 1",
-         topics=("mpu", "parallel state", "model parallel rank", "model parallel world"), variant="dense"),
+         topics=("mpu", "parallel state", "model parallel rank", "model parallel world", "pg collection"),
+         variant="dense", code_in=PARALLEL_CODE),
     Rule("tp-pp-cp", 2, "tensor / pipeline / context / sequence parallel sizes or layout changed",
          topics=("tp", "pp", "cp", "vpp", "tensor parallel", "pipeline parallel", "context parallel",
-                 "sequence parallel", "virtual pipeline", "pipeline stage"), variant="dense"),
+                 "sequence parallel", "virtual pipeline", "pipeline stage"), variant="dense", code_in=PARALLEL_CODE),
     Rule("expert-parallel", 2, "expert layout / expert parallelism changed: stress EP=2 on a MoE checkpoint",
-         topics=("ep", "etp", "expert parallel", "local experts", "expert layout"), variant="moe"),
+         topics=("ep", "etp", "expert parallel", "expert tensor parallel", "expt tp", "expert layout", "ep group",
+                 "ep rank", "ep size"), variant="moe", code_in=PARALLEL_CODE),
     Rule("dispatcher", 2, "MoE dispatcher / router replay changed: stress expert-parallel routing",
-         topics=("dispatcher", "deepep", "hybridep", "alltoall", "router replay", "routing replay"), variant="moe"),
+         topics=("dispatcher", "deepep", "hybridep", "alltoall", "router replay", "routing replay", "flex dispatcher"), variant="moe",
+         code_in=PARALLEL_CODE),
     # ---- Level 3: Megatron-FSDP (only when the change touches that path directly)
     Rule("megatron-fsdp", 3, "Megatron-FSDP wrapping, sharding, checkpoint format or distributed optimizer "
          "touched: the provider must also work when verl selects Megatron-FSDP",
-         topics=("fsdp", "mfsdp", "fully shard", "fully sharded", "distributed optimizer", "sharding strategy"),
+         topics=("fsdp", "mfsdp", "fully shard", "fully sharded", "distributed optimizer", "sharding strategy",
+                 "dtensor", "d tensor"),
          evidence="code"),
     # ---- Level 4: architecture-specific e2e
     Rule("vlm", 4, "vision-language model involved: text-only GSM8K does not run the vision encoder or image "
@@ -136,6 +143,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 BY_NAME = {r.name: r for r in RULES}
+FEATURE_RULE = {r.feature: r for r in RULES if r.level == 4 and r.feature}
 
 # Paths that move dependencies rather than code.
 SUBMODULE = "3rdparty/Megatron-LM"
@@ -216,6 +224,7 @@ FAMILIES: tuple[Family, ...] = (
 # Family-independent provider code: files directly under models/ and these folders of it.
 GENERIC_MODEL_DIRS = ("conversion", "common", "hf_pretrained", "gpt", "decorators", "mamba", "hybrid")
 GENERIC_DENSE = "Qwen/Qwen2.5-0.5B"  # the wrapper's default dense checkpoint, for family-independent code
+GENERIC_VLM = "Qwen/Qwen3-VL-2B-Instruct"  # a small public VLM with a Bridge provider, for shared code
 GENERIC_MOE = "allenai/OLMoE-1B-7B-0924"  # a small public MoE with a Bridge provider, for family-independent code
 
 # The dummy-model path (USE_DUMMY_MODEL=True): these values are merged onto the real HF config of MODEL_ID by

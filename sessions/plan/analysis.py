@@ -1,0 +1,264 @@
+"""The changed functions/classes of a Bridge change and what verl reaches of each: whether verl runs it (and through
+which of its calls), imports it only, or never reaches it (sessions/plan/reach.py follows verl's surface).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from env.settings import UsageError
+from sessions.plan import features as plan_features
+from sessions.plan import reach as plan_reach
+from sessions.plan import rules as plan_rules
+from sessions.plan.change import Change, _is_bridge_python
+from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
+from sessions.plan.rules import Rule
+from sessions.plan.verl_surface import SurfaceError, VerlSurface, read_surface
+
+
+def _matches(path: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(path, p) for p in patterns)
+
+
+def is_doc(path: str) -> bool:
+    return _matches(path, plan_rules.DOC_PATTERNS)
+
+
+TIERS = {
+    "calls": "verl runs it",
+    "api": "new public Bridge API in a module verl imports (no Bridge caller: it is there for frameworks like verl)",
+    "imports": "in (or called from) a module verl imports, but only Bridge's own code calls it: counts by what it "
+               "is about only",
+    "none": "verl never reaches it (not imported, or deep in Bridge's own pipelines)",
+}
+
+
+@dataclass
+class ChangedUnit:
+    key: str  # plan_reach unit key
+    file: str
+    kind: str
+    tier: str  # calls | api | imports | none
+    path: list[tuple[str, str]]  # from verl's surface down to the unit (unit, how)
+    words: dict[str, list[str]]  # subject / code: the identifiers that count
+    new: bool = False
+    entries: list[str] = field(default_factory=list)  # verl entry points whose calls run it
+    export_only: bool = False  # the nearest verl entry points that move weights all export them
+    nearest: list[str] = field(default_factory=list)  # those nearest entry points
+    family: str | None = None  # the provider folder it belongs to (None: family-independent)
+    touched: dict[str, list[str]] = field(default_factory=dict)  # feature → facts of it on the changed lines
+    served: list[dict] = field(default_factory=list)  # the families whose own code it is (none: shared code)
+    strings: list[str] = field(default_factory=list)  # name-like strings of the changed code
+    conditions: list[str] = field(default_factory=list)  # conditions its changed lines run under
+    edited: list[str] = field(default_factory=list)  # every name of its edited statements (both sides, undiffed)
+
+    @property
+    def name(self) -> str:
+        return self.key.split(":", 1)[-1] if ":" in self.key else f"{self.key} (module code)"
+
+    def to_json(self) -> dict:
+        return {"unit": self.name, "file": self.file, "tier": self.tier, "new": self.new,
+                "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
+                "entries": self.entries, "export_only": self.export_only,
+                "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
+                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"]}
+
+
+def plan_reach_label(key: str) -> str:
+    return key.split(":", 1)[1] if ":" in key else key
+
+
+def _family_folder(path: str) -> str | None:
+    if not path.startswith(plan_rules.MODELS):
+        return None
+    rest = path[len(plan_rules.MODELS):]
+    if "/" not in rest:
+        return None
+    folder = rest.split("/")[0]
+    return None if folder in plan_rules.GENERIC_MODEL_DIRS else folder
+
+
+@dataclass
+class Analysis:
+    """The changed units with what verl reaches of them."""
+
+    surface: VerlSurface
+    units: list[ChangedUnit]
+    modules_reached: set[str]
+
+
+def topic_hits(rule: Rule, idents: list[str], topics: tuple[str, ...] | None = None) -> list[str]:
+    """The identifiers a rule's topics match (every word of a topic among one identifier's words)."""
+    topics = [set(t.split()) for t in (topics or rule.topics)]
+    return [i for i in idents if any(t <= set(plan_reach.words_of(i)) for t in topics)]
+
+
+def _direction(label: str) -> str | None:
+    words = set(plan_reach.words_of(label.split(".")[-1]))
+    hit = lambda table: any(set(t.split()) <= words for t in table)  # noqa: E731
+    if hit(plan_rules.EXPORT_WORDS):
+        return "export"
+    if hit(plan_rules.IMPORT_WORDS):
+        return "import"
+    return None
+
+
+def _has_bridge_caller(index: BridgeIndex, unit: Unit) -> bool:
+    """Does any Bridge source name this unit outside its own definition (a call, a registration, an import)?"""
+    name = unit.name.split(".")[-1]
+    pattern = re.compile(rf"\b{re.escape(name)}\b")
+    for rel in index.modules.files.values():
+        text = index._text(rel) or ""
+        for m in pattern.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            if rel == unit.file and unit.start <= line <= unit.end:
+                continue
+            return True
+    return False
+
+
+def _direct_modules(index: BridgeIndex, surface: VerlSurface) -> set[str]:
+    """The Bridge modules verl names in its imports (and where the names it imports are defined)."""
+    out = set()
+    for s in surface.imports:
+        out.add(s.module)
+        t = index.resolve(s.module, s.name) if s.name else None
+        if t:
+            out.add(t[1].split(":", 1)[0])
+    return out
+
+
+def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bool:
+    """Code verl does not call counts by its subject only when it sits in a module verl imports, or is called from
+    one (checkpoint loading next to the checkpoint functions verl takes; a validator ConfigContainer calls). Code
+    further down Bridge's own pipelines (its SFT data, its recipes) counts for nothing."""
+    if unit.module in direct:
+        return True
+    name = unit.name.split(".")[-1]
+    for m in direct:
+        info = index.modules.get(m)
+        for k in info.units if info else ():
+            u = index.units[k]
+            if unit.key in u.refs or (unit.kind == "method" and name in u.attrs):
+                return True
+    return False
+
+
+def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
+              cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
+    """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
+    set, a layer module or spec defined), and the families whose own code the unit is, with each family's features
+    (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
+    it is about only."""
+    touched = plan_features.Sites()
+    names = ev.subject + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
+    for name in names:
+        for f in plan_features.feature_of_name(name):
+            if not (f == "vlm" and plan_features.FLAG.match(name)):
+                touched.add(f, name)
+    if tier in ("calls", "api") and unit.node is not None:
+        structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
+        for w in structural.by_feature.get("custom-layer", []):
+            touched.add("custom-layer", w)
+    served = []
+    for fam in plan_features.families_serving(index, unit, cache):
+        bridge = index.units[fam.bridge]
+        span = set(range(bridge.start, bridge.end + 1)) & plan_reach.code_lines(index._text(bridge.file) or "")
+        served.append({"family": fam.name, "folder": fam.folder, "features": {
+            f: fam.sites.by_feature[f][:3] for f in fam.features()},
+            "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
+            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)})
+    return touched.by_feature, served
+
+
+def analyse(change: Change, verl_repo: Path | str) -> Analysis:
+    """Changed functions/classes of Bridge's source, each with whether and how verl reaches it."""
+    if not any(_is_bridge_python(f.path) for f in change.files):
+        return Analysis(VerlSurface(str(verl_repo)), [], set())  # no Bridge source changed: nothing to reach
+    try:
+        surface = read_surface(verl_repo)
+    except SurfaceError as e:
+        raise UsageError(str(e)) from None
+    index = BridgeIndex(change.repo)
+    global_reach = plan_reach.reach(index, plan_reach.verl_seeds(index, surface), surface.attributes)
+    modules = {k for k in global_reach.steps if ":" not in k}
+    units: dict[str, ChangedUnit] = {}
+    per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence]]] = {}
+    for f in change.files:
+        if not _is_bridge_python(f.path):
+            continue
+        text = index._text(f.path)
+        if text is not None and f.added:
+            code = plan_reach.code_lines(text)
+            added = set(f.added) & code
+            for line in sorted(added):
+                u = index.unit_at(f.path, line)
+                if u is not None:
+                    per_unit.setdefault(u.key, (u, set(), code, []))[1].add(line)
+        if f.old_text and f.removed and f.old_path:
+            old = BridgeIndex(change.repo, sources={f.old_path: f.old_text})
+            code = plan_reach.code_lines(f.old_text)
+            for line in sorted(set(f.removed) & code):
+                u = old.unit_at(f.old_path, line)
+                if u is None:
+                    continue
+                ev = plan_reach.evidence(u, {line}, code)
+                now = index.unit(u.key if ":" in u.key else u.key)
+                if now is None:
+                    continue  # a removed function: its callers changed too
+                per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), []))[3].append(ev)
+    direct = _direct_modules(index, surface)
+    fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
+    added_by_file = {f.path: set(f.added) for f in change.files}
+    entries = plan_reach.verl_entries(index, surface, global_reach)
+    entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
+    for key, (unit, lines, code, old_evs) in per_unit.items():
+        ev = plan_reach.evidence(unit, lines, code)
+        raw = ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
+        targets = ev.targets + [n for old_ev in old_evs for n in old_ev.targets]
+        # a name on both sides of an edited line did not change: only names added or removed count as code
+        for part in ("code", "guards", "strings"):
+            before = Counter(i for old_ev in old_evs for i in getattr(old_ev, part))
+            after = Counter(getattr(ev, part))
+            setattr(ev, part, list(((after - before) + (before - after)).elements()))
+        ev.subject += ev.guards
+        for old_ev in old_evs:
+            ev.subject += [w for w in old_ev.subject if w not in ev.subject]
+        if unit.kind == "module" and key in global_reach and unit.module not in direct and not any(
+                k in global_reach for k in index.modules[unit.module].units if k != key):
+            global_reach.steps.pop(key)  # imported on the way, nothing of it runs: its module code is no verl path
+        # a class statement that only runs because its module is imported is no verl call: its body's values
+        # matter once the class is used
+        imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live
+        tier = ("calls" if key in global_reach and not imported_only else
+                "imports" if imported_only else
+                "none" if unit.module not in modules else
+                "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
+                and not _has_bridge_caller(index, unit) else
+                "imports" if _beside_verl_imports(index, unit, direct) else "none")
+        cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
+                         global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
+                         family=_family_folder(unit.file), strings=ev.strings, conditions=ev.conditions,
+                         edited=sorted(set(raw)))
+        if tier != "none":
+            cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
+        if tier == "calls" and unit.kind != "module":
+            if not entry_reach:
+                for e in entries:
+                    entry_reach[e.key] = (e, plan_reach.calls_from(index, e, modules))
+            hits = [(e, r) for e, r in entry_reach.values() if key in r]
+            cu.entries = [e.label for e, _ in hits]
+            # the direction of the nearest verl entry point that moves weights one way
+            directed = [(len(r.path(key)), _direction(e.label)) for e, r in hits if _direction(e.label)]
+            closest = min((n for n, _ in directed), default=0)
+            nearest = {d for n, d in directed if n == closest}
+            cu.export_only = nearest == {"export"}
+            cu.nearest = [e.label for e, r in hits if _direction(e.label) and len(r.path(key)) == closest]
+            if hits:  # the shortest path from one of verl's entry points
+                cu.path = min((r.path(key) for _, r in hits), key=len)
+        units[key] = cu
+    return Analysis(surface, sorted(units.values(), key=lambda u: (u.file, u.key)), modules)

@@ -1,0 +1,279 @@
+"""Model families and their features, read from the Bridge's own code at the commit (never from the diff's words).
+
+A *family* is one registered bridge class (`@MegatronModelBridge.register_bridge(...)`) with the code of its own
+folder that it reaches through its references: its provider, its layer specs and layer modules, its helpers.
+Its *features* are facts of that code:
+- moe: expert counts or MoE settings the provider sets (`num_moe_experts`, `moe_*`), expert weight mappings
+  (`...mlp.experts...`), routed-expert config keys;
+- mtp: `mtp_num_layers` set to something, MTP weight mappings (`mtp.layers...`), `nextn` config keys;
+- vlm: a vision config, a vision model or vision weight mappings;
+- custom-layer: a layer spec of its own (`transformer_layer_spec = ...`, a `*_layer_spec`/`*_block_spec` function,
+  `ModuleSpec(...)`), or layer modules of its own (classes deriving from an attention / MLP / norm / linear /
+  transformer-layer class);
+- quantized: quantized checkpoint weights (`quantization_config`, dequantizing import, `weight_scale_inv`, FP8/FP4);
+- qat: ModelOpt / QAT state.
+
+The same detectors, applied to the changed lines of a unit, say which features a change *touches*.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from sessions.plan import rules as plan_rules
+from sessions.plan.evidence import words_of
+from sessions.plan.index import BridgeIndex, Unit
+
+FEATURES = ("vlm", "moe", "mtp", "qat", "quantized", "custom-layer")
+
+# words of an identifier or a name-like string (split at '_', '.', case) that are facts of a feature
+FEATURE_WORDS: dict[str, tuple[str, ...]] = {
+    "moe": ("moe", "expert", "experts", "router", "routed", "ep", "etp", "n routed experts", "num experts"),
+    "mtp": ("mtp", "nextn"),
+    "vlm": ("vision", "visual", "vit", "image", "images", "pixel", "video", "vlm", "multimodal"),
+    "quantized": ("quant", "quantization config", "quantization", "quantized", "dequant", "dequantize", "fp8", "fp4",
+                  "nvfp4", "mxfp4", "weight scale inv", "scale inv", "e8m0"),
+    "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer"),
+}
+# custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
+LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")
+NOT_A_LAYER = ("bridge", "provider", "config", "mapping", "model", "state", "source", "registry", "dataset",
+               "processor", "tokenizer", "loss", "step", "spec")
+FLAG = re.compile(r"(is|has|use|enable|skip)_", re.I)
+STANDARD_SPEC_PREFIX = "get_gpt_"  # Megatron-Core's GPT layer/block/MTP specs
+SPEC_WORDS = ("layer spec", "block spec", "module spec", "transformer layer spec")
+
+
+def _hit(words: list[str], table: tuple[str, ...]) -> str | None:
+    ws = set(words)
+    return next((t for t in table if set(t.split()) <= ws), None)
+
+
+def feature_of_name(name: str) -> list[str]:
+    """The features an identifier or a name-like string is a fact of (`num_moe_experts` → moe). A string that ends
+    in a dot is a prefix some code filters by (`"vision_tower."` skipped on import), no part the family builds."""
+    if name.endswith("."):
+        return []
+    words = words_of(name.replace(".", "_"))
+    return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)]
+
+
+def _switched_off(value: ast.AST | None) -> bool:
+    return isinstance(value, ast.Constant) and value.value in (None, False, 0)
+
+
+def _last_name(n: ast.AST) -> str | None:
+    return n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+
+
+def is_layer_class(node: ast.ClassDef) -> bool:
+    """A layer module of the family's own: derives from an attention/MLP/norm/linear/layer class, and is not a
+    bridge, provider, config, mapping or model wrapper."""
+    if _hit(words_of(node.name), NOT_A_LAYER) and not _hit(words_of(node.name), ("attention", "mlp", "norm")):
+        return False
+    for b in node.bases:
+        name = _last_name(b)
+        if name and _hit(words_of(name), LAYER_BASE_WORDS) and not _hit(words_of(name), NOT_A_LAYER):
+            return True
+    return False
+
+
+def is_bridge_class(node: ast.AST) -> bool:
+    """`@MegatronModelBridge.register_bridge(...)`: a class verl's AutoBridge can hand out for an HF architecture."""
+    return isinstance(node, ast.ClassDef) and any(
+        _last_name(d.func if isinstance(d, ast.Call) else d) == "register_bridge" for d in node.decorator_list)
+
+
+def is_spec_function(node: ast.AST) -> bool:
+    return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and bool(_hit(words_of(node.name), SPEC_WORDS))
+
+
+@dataclass
+class Sites:
+    """feature → evidence (a short description of the code fact, with its line)."""
+
+    by_feature: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, feature: str, what: str) -> None:
+        lst = self.by_feature.setdefault(feature, [])
+        if what not in lst and len(lst) < 6:
+            lst.append(what)
+
+    def update(self, other: Sites) -> None:
+        for f, whats in other.by_feature.items():
+            for w in whats:
+                self.add(f, w)
+
+    def features(self) -> list[str]:
+        return [f for f in FEATURES if f in self.by_feature]
+
+
+def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = "") -> Sites:
+    """Feature facts among these AST nodes (only those on `lines`, when given): names and name-like strings that
+    are a feature's, a layer spec set, layer classes and spec functions defined. A feature set to None/False/0
+    (`mtp_num_layers = None`) is no fact of it."""
+    out = Sites()
+    off: set[int] = set()
+    for n in nodes:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and _switched_off(n.value):
+            off.update(id(x) for x in ast.walk(n))
+        elif isinstance(n, ast.keyword) and _switched_off(n.value):
+            off.update(id(x) for x in ast.walk(n))
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            off.update(id(x) for x in ast.walk(n))
+    for n in nodes:
+        line = getattr(n, "lineno", None)
+        if line is None or id(n) in off or (lines is not None and line not in lines):
+            continue
+        where = f"{file}:{line}" if file else f"line {line}"
+        name = None
+        if isinstance(n, ast.Name):
+            name = n.id
+        elif isinstance(n, ast.Attribute):
+            name = n.attr
+        elif isinstance(n, ast.keyword):
+            name = n.arg
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and " " not in n.value and len(n.value) <= 120:
+            name = n.value
+        elif isinstance(n, ast.ClassDef) and is_layer_class(n):
+            out.add("custom-layer", f"layer module {n.name} ({where})")
+        elif is_spec_function(n):
+            out.add("custom-layer", f"layer spec {n.name} ({where})")
+        elif isinstance(n, ast.Call) and _last_name(n.func) == "ModuleSpec":
+            out.add("custom-layer", f"ModuleSpec(...) built ({where})")
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            if any(_last_name(t) == "transformer_layer_spec" for t in targets) and _own_spec(n.value):
+                out.add("custom-layer", f"transformer_layer_spec set ({where})")
+        if isinstance(n, ast.keyword) and n.arg == "transformer_layer_spec" and _own_spec(n.value):
+            out.add("custom-layer", f"transformer_layer_spec set ({where})")
+        if name:
+            for f in feature_of_name(name):
+                if f == "vlm" and FLAG.match(name):
+                    continue  # `is_vision_language`: a switch that describes, it builds no vision part
+                out.add(f, f"{name} ({where})")
+    return out
+
+
+def _own_spec(value: ast.AST | None) -> bool:
+    """A layer spec other than Megatron-Core's standard GPT ones (`get_gpt_decoder_block_spec`, ...): those build
+    the default layers every GPT-style family has."""
+    if value is None:
+        return False
+    names = [x for x in (_last_name(n) for n in ast.walk(value)) if x and "spec" in x]
+    return not (names and all(x.startswith(STANDARD_SPEC_PREFIX) for x in names))
+
+
+def unit_nodes(unit: Unit) -> list[ast.AST]:
+    """Every node of a unit, its nested defs included (a class with its methods)."""
+    return list(ast.walk(unit.node)) if unit.node is not None else []
+
+
+# ---------------------------------------------------------------- families
+
+
+@dataclass
+class FamilyModel:
+    """One registered bridge class and the code of its own folder it reaches."""
+
+    bridge: str  # unit key of the bridge class
+    folder: str  # its folder under models/
+    units: set[str] = field(default_factory=set)  # unit keys of its closure (same folder)
+    sites: Sites = field(default_factory=Sites)
+    layer_units: set[str] = field(default_factory=set)  # its own layer modules / specs (and their methods)
+    layer_files: set[str] = field(default_factory=set)  # files defining them
+
+    @property
+    def name(self) -> str:
+        return self.bridge.split(":", 1)[1]
+
+    def features(self) -> list[str]:
+        return self.sites.features()
+
+
+def folder_of(path: str) -> str | None:
+    if not path.startswith(plan_rules.MODELS):
+        return None
+    rest = path[len(plan_rules.MODELS):]
+    if "/" not in rest:
+        return None
+    folder = rest.split("/")[0]
+    return None if folder in plan_rules.GENERIC_MODEL_DIRS else folder
+
+
+def _folder_modules(index: BridgeIndex, folder: str) -> list[str]:
+    prefix = plan_rules.MODELS + folder + "/"
+    return [m for m, rel in index.modules.files.items() if rel.startswith(prefix)]
+
+
+def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
+    """The registered bridges of one model folder, each with its closure and features."""
+    mods = _folder_modules(index, folder)
+    infos = [index.modules.get(m) for m in mods]
+    units = [index.units[k] for info in infos if info for k in info.units]
+    in_folder = {u.key for u in units}
+    out = []
+    for u in units:
+        if u.kind != "class" or not is_bridge_class(u.node):
+            continue
+        fam = FamilyModel(u.key, folder)
+        stack = [u.key]
+        while stack:
+            k = stack.pop()
+            if k in fam.units or k not in in_folder:
+                continue
+            fam.units.add(k)
+            unit = index.units[k]
+            stack += [r for r in unit.refs if r in in_folder]
+            stack += [b for b in unit.bases if b in in_folder]
+            if unit.kind == "class":
+                stack += list(unit.methods.values())
+        for m in sorted({k.split(":", 1)[0] for k in fam.units}):  # the tables at module level its code uses
+            info = index.modules.get(m)
+            if info is not None:
+                mod = index.units[info.name]
+                fam.sites.update(sites_in([x for r in _module_own(mod) for x in ast.walk(r)], file=mod.file))
+        for k in sorted(fam.units):
+            unit = index.units[k]
+            if unit.kind == "module":
+                continue
+            if unit.kind in ("class", "function") and (
+                    (unit.kind == "class" and is_layer_class(unit.node)) or is_spec_function(unit.node)):
+                fam.layer_units.add(k)
+                fam.layer_units.update(unit.methods.values())
+                fam.layer_files.add(unit.file)
+            own = [unit.node] if unit.kind != "class" else [unit.node]
+            nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
+            fam.sites.update(sites_in(nodes, file=unit.file))
+        out.append(fam)
+    return out
+
+
+def _module_own(unit: Unit) -> list[ast.AST]:
+    return [s for s in unit.node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def _class_own(unit: Unit) -> list[ast.AST]:
+    """A class statement's own nodes (its methods are units of their own) plus the class node itself."""
+    node = unit.node
+    out: list[ast.AST] = [node]
+    for part in [*node.bases, *node.keywords, *node.decorator_list,
+                 *[s for s in node.body if not isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]]:
+        out.extend(ast.walk(part))
+    return out
+
+
+def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:
+    """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it)."""
+    folder = folder_of(unit.file)
+    if folder is None:
+        return []
+    if folder not in cache:
+        cache[folder] = families_in(index, folder)
+    key = unit.cls if unit.kind == "method" and unit.cls else unit.key
+    hits = [f for f in cache[folder] if unit.key in f.units or key in f.units]
+    if not hits and unit.kind == "module":
+        hits = [f for f in cache[folder] if any(k.split(":", 1)[0] == unit.module for k in f.units)]
+    return hits

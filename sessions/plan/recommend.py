@@ -1,0 +1,359 @@
+"""Rules → levels: which coverage levels the analysed change justifies, each with its reasons.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from env import presets
+from sessions.plan import bridge_tests as plan_bridge_tests
+from sessions.plan import line_settings
+from sessions.plan import rules as plan_rules
+from sessions.plan.analysis import Analysis, ChangedUnit, _family_folder, _matches, is_doc, topic_hits
+from sessions.plan.change import Change, _is_bridge_python
+from sessions.plan.rules import Family, Rule
+
+
+@dataclass
+class Reason:
+    rule: str
+    files: list[str]
+    why: str
+    units: list[dict] = field(default_factory=list)  # the changed functions that fired it, with verl's path
+    optional: str | None = None
+
+
+@dataclass
+class Entry:
+    level: int
+    variant: str | None = None
+    feature: str | None = None
+    reasons: list[Reason] = field(default_factory=list)
+    model: str | None = None  # proposed checkpoint for this entry
+    dummy: dict | None = None  # the dummy-model path when no small public checkpoint exists
+    settings: list[str] = field(default_factory=list)  # what it takes to run the changed line (beyond the preset)
+    overrides: list[str] = field(default_factory=list)  # the Hydra overrides that do it (plan --run appends them)
+    optional: str | None = None  # offered, not required: why
+
+    @property
+    def label(self) -> str:
+        extra = f" --variant {self.variant}" if self.variant else f" --feature {self.feature}" if self.feature else ""
+        return f"Level {self.level}{extra}"
+
+    @property
+    def key(self) -> str:
+        return f"L{self.level}" + ({"dense": "d", "moe": "m"}.get(self.variant or "", "")) + (
+            f":{self.feature}" if self.feature else "")
+
+    @property
+    def title(self) -> str:
+        return f"{self.label} ({presets.LEVELS[self.level].title})"
+
+    def justified_by(self) -> tuple[list[str], dict[str, list[str]]]:
+        """The families whose changed code justified this level ("all families" for shared code) and the features
+        (with their facts) it involves: Level 4 its own feature, the other levels what the changed code touches."""
+        fams: list[str] = []
+        feats: dict[str, list[str]] = {}
+        for r in self.reasons:
+            for u in r.units:
+                fams += [f for f in u.get("families", []) if f not in fams]
+                if self.feature:
+                    feats.setdefault(self.feature, []).extend(x for x in u.get("matched", [])
+                                                              if x not in feats[self.feature])
+                else:
+                    for f, facts in (u.get("touched") or {}).items():
+                        feats.setdefault(f, []).extend(x for x in facts if x not in feats.get(f, []))
+        return fams, {f: v[:6] for f, v in feats.items()}
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"level": self.level}
+        if self.variant:
+            out["variant"] = self.variant
+        if self.feature:
+            out["feature"] = self.feature
+        out["reasons"] = [{k: v for k, v in asdict(r).items() if v not in (None, [])} | {"files": r.files}
+                          for r in self.reasons]
+        out["families"], out["features"] = self.justified_by()
+        out["model"] = self.model
+        if self.dummy:
+            out["dummy"] = self.dummy
+        if self.optional:
+            out["optional"] = self.optional
+        if self.settings:
+            out["settings"], out["overrides"] = self.settings, self.overrides
+        return out
+
+
+@dataclass
+class FamilyHit:
+    family: str
+    files: list[str]
+    checkpoint: str | None
+    moe_checkpoint: str | None
+    note: str
+    dummy: dict | None
+    vlm: bool = False
+
+    def proposal(self) -> str:
+        if self.checkpoint:
+            return self.checkpoint
+        assert self.dummy
+        return (f"dummy model: USE_DUMMY_MODEL=True DUMMY_MODEL_CONFIG_PATH=<minimal_config.json> "
+                f"MODEL_ID={self.dummy['MODEL_ID']}")
+
+
+@dataclass
+class Plan:
+    change: Change
+    entries: list[Entry]
+    families: list[FamilyHit]
+    message: str
+    docs_only: bool
+    unmatched: list[str]
+    notes: list[str]
+    units: list[ChangedUnit] = field(default_factory=list)
+    optional: list[Entry] = field(default_factory=list)
+    bridge_tests: list[str] = field(default_factory=list)  # the change's own (or nearest) Bridge test files
+
+    def to_json(self) -> dict:
+        return {
+            "bridge_repo": self.change.repo, "head": self.change.head, "base": self.change.base,
+            "merge_base": self.change.merge_base, "counts": self.change.counts(),
+            "files": [{"path": f.path, "status": f.status, "origins": f.origins} for f in self.change.files],
+            "docs_only": self.docs_only, "message": self.message,
+            "recommendation": [e.to_json() for e in self.entries],
+            "optional": [e.to_json() for e in self.optional],
+            "changed_units": [u.to_json() for u in self.units],
+            "families": [asdict(h) for h in self.families], "unmatched_files": self.unmatched, "notes": self.notes,
+            "bridge_tests": self.bridge_tests,
+        }
+
+
+def family_for(path: str) -> Family | None:
+    folder = _family_folder(path)
+    if folder is None:
+        return None
+    rest = path[len(plan_rules.MODELS) + len(folder) + 1:]
+    for fam in plan_rules.FAMILIES:
+        if fam.folder == folder and any(rest.startswith(p) for p in fam.prefixes):
+            return fam
+    return Family(folder, folder, note=f"no small public checkpoint known for the family {folder!r}: use "
+                  "verl's dummy-model path with a minimal config of this architecture")
+
+
+def _architectures(path: Path) -> list[str]:
+    """HF architectures a bridge registers (`register_bridge(source="XForCausalLM", ...)`), for a dummy config."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return []
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "register_bridge":
+            for kw in n.keywords:
+                if kw.arg == "source":
+                    v = kw.value
+                    out.append(v.value if isinstance(v, ast.Constant) else getattr(v, "id", None) or
+                               getattr(v, "attr", None))
+    return [a for a in out if isinstance(a, str)]
+
+
+def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]:
+    """Provider families the change touches (verl-reached code first), the most-touched first."""
+    by_name: dict[str, tuple[Family, list[str]]] = {}
+    reached = {u.file for u in units if u.tier != "none"}
+    candidates = [f.path for f in change.files if f.path in reached] or [
+        f.path for f in change.files if _is_bridge_python(f.path)]
+    for path in candidates:
+        fam = family_for(path)
+        if fam is not None:
+            by_name.setdefault(fam.name, (fam, []))[1].append(path)
+    hits = []
+    for fam, paths in sorted(by_name.values(), key=lambda x: -len(x[1])):
+        dummy = None
+        if not (fam.dense or fam.moe) or fam.representative:
+            archs = [a for p in paths for a in _architectures(Path(change.repo) / p)]
+            dummy = {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
+                     "MODEL_ID": fam.representative or f"<org>/<smallest {fam.name} checkpoint>",
+                     "minimal_config": {**({"architectures": archs[:1]} if archs else {}),
+                                        **plan_rules.MINIMAL_DUMMY_CONFIG}}
+        hits.append(FamilyHit(fam.name, paths, fam.dense or fam.moe, fam.moe, fam.note, dummy, fam.vlm))
+    return hits
+
+
+def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
+    """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
+    needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
+    if primary is None:  # shared code: one representative family with the feature runs it
+        if entry.level == 4 and entry.feature == "vlm":
+            return plan_rules.GENERIC_VLM, None
+        return (plan_rules.GENERIC_MOE if needs_moe else plan_rules.GENERIC_DENSE), None
+    if needs_moe:
+        if primary.moe_checkpoint:
+            return primary.moe_checkpoint, None
+        return None, primary.dummy or {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
+                                       "MODEL_ID": f"<org>/<{primary.family} MoE checkpoint>",
+                                       "minimal_config": dict(plan_rules.MINIMAL_DUMMY_CONFIG)}
+    if primary.checkpoint is None:
+        return None, primary.dummy
+    return primary.checkpoint, None
+
+
+def _fires(rule: Rule, u: ChangedUnit) -> list[str]:
+    """The identifiers by which a rule fires on a changed unit ([] = it does not)."""
+    if u.tier == "none" or not rule.topics and not rule.areas:
+        return []
+    if rule.within and not _fires(plan_rules.BY_NAME[rule.within], u):
+        return []
+    if rule.areas and u.tier in ("calls", "api") and _matches(u.file, rule.areas):
+        return [f"{u.file} ({rule.name} code)"]
+    hits = topic_hits(rule, list(u.words["subject"]))
+    if u.tier in ("calls", "api") and rule.evidence == "code":
+        hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
+    if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
+        hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
+    return sorted(set(hits))
+
+
+def _parallel(u: ChangedUnit) -> dict[str, list[str]]:
+    """Level 2 rules on one changed unit: what the code reads or sets of the parallel state. Finalization counts
+    only where the finalize change itself reads or sets parallel sizes or mpu state; Megatron mpu state that only
+    serves expert parallelism asks for the MoE variant, not the dense one."""
+    hits = {r.name: h for r in plan_rules.RULES if r.level == 2 and not r.optional and (h := _fires(r, u))}
+    if "provider-finalization" in hits and not set(hits) - {"provider-finalization"}:
+        hits.pop("provider-finalization")
+    moe = {"expert-parallel", "dispatcher"} & set(hits)
+    if moe and "tp-pp-cp" not in hits:
+        hits.pop("mpu-derived", None)
+        if "provider-finalization" in hits:
+            hits["expert-parallel"] = hits.get("expert-parallel", []) + hits.pop("provider-finalization")
+    return hits
+
+
+def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
+    """The Level 4 features a changed unit involves, each with the facts that say so.
+
+    Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
+    A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
+    VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
+    changed code is the family's own layer module or layer spec."""
+    if u.tier == "none" or (not u.served and u.tier == "api"):
+        return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
+    if not u.served and u.family and u.tier != "calls":
+        return {}
+    out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
+    for fam in u.served if u.tier in ("calls", "api") else ():
+        feats = fam["features"]
+        take = dict(feats) if fam["new"] else {}
+        if "vlm" in feats:
+            take["vlm"] = feats["vlm"]
+        if fam["layer"]:
+            take["custom-layer"] = feats.get("custom-layer") or ["its own layer code"]
+        for f, facts in take.items():
+            why = (f"{fam['family']} is new and has {f}" if fam["new"] else
+                   f"{fam['family']} is a vision-language family" if f == "vlm" else
+                   f"{fam['family']}'s own layer code changed")
+            out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}")
+    return out
+
+
+def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
+    code = [f for f in change.files if not is_doc(f.path)]
+    if not change.files:
+        return Plan(change, [], [], f"no change against {change.base} (merge-base {change.merge_base}): "
+                    "nothing to recommend", False, [], [])
+    if not code:
+        return Plan(change, [], [], f"documentation-only change ({len(change.files)} file(s)): no verl "
+                    "level is required; nothing recommended", True, [], [])
+    units = analysis.units if analysis else []
+    fired: dict[tuple, Entry] = {}
+
+    def add(rule: Rule, files: list[str], details: list[dict]) -> None:
+        key = (rule.level, rule.variant, rule.feature)
+        entry = fired.setdefault(key, Entry(rule.level, rule.variant, rule.feature))
+        reason = next((r for r in entry.reasons if r.rule == rule.name), None)
+        if reason is None:
+            reason = Reason(rule.name, [], rule.reason, optional=rule.optional)
+            entry.reasons.append(reason)
+        reason.files += [f for f in files if f not in reason.files]
+        reason.units += details
+
+    for u in units:
+        if u.tier in ("calls", "api"):
+            add(plan_rules.BY_NAME["verl-runs-it"], [u.file], [{**u.to_json(), "matched": []}])
+        for feature, facts in involved_features(u).items():
+            add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
+        parallel = _parallel(u)
+        new_family_only = bool(u.served) and all(f["new"] for f in u.served)
+        for rule in plan_rules.RULES:
+            if rule.level == 4:
+                continue  # Level 4 comes from the families' features (involved_features)
+            if rule.level == 1 and new_family_only:
+                continue  # a new family's own save/export hooks: every family has them; L1 is for changes to them
+            hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
+            if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
+                hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
+            if hits:
+                add(rule, [u.file], [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
+    for f in code:
+        if f.path == plan_rules.SUBMODULE:
+            add(plan_rules.BY_NAME["megatron-lm"], [f.path], [])
+        elif _matches(f.path, plan_rules.DEPENDENCY_FILES):
+            add(plan_rules.BY_NAME["dependencies"], [f.path], [])
+    keys = {k for k, e in fired.items() if any(not r.optional for r in e.reasons)}
+    if (4, None, "moe") in keys and (2, "moe", None) not in keys:
+        add(plan_rules.BY_NAME["moe-ep-follow-up"], fired[(4, None, "moe")].reasons[0].files, [])
+    if any(r.rule == "peft" for e in fired.values() for r in e.reasons) and not any(k[0] == 5 for k in keys):
+        peft_files = next(r.files for e in fired.values() for r in e.reasons if r.rule == "peft")
+        add(plan_rules.BY_NAME["peft-learning"], peft_files, [])
+    for entry in fired.values():
+        required = [r for r in entry.reasons if not r.optional]
+        if not required:
+            entry.optional = "; ".join(r.optional for r in entry.reasons if r.optional)
+    required = [e for e in fired.values() if not e.optional]
+    if required and not any(e.level == 0 for e in required):
+        lvl0 = fired.setdefault((0, None, None), Entry(0))
+        lvl0.optional = None
+        lvl0.reasons.insert(0, Reason("level-0-first", [], plan_rules.BY_NAME["level-0-first"].reason))
+    rule_order = {r.name: i for i, r in enumerate(plan_rules.RULES)}
+    ordered = sorted(fired.values(), key=lambda e: (e.level, e.variant or "", e.feature or "",
+                                                   min(rule_order.get(r.rule, -1) for r in e.reasons)))
+    entries = [e for e in ordered if not e.optional]
+    optional = [e for e in ordered if e.optional]
+    families = detect_families(change, units)
+    primary = families[0] if families else None
+    for e in entries + optional:
+        e.model, e.dummy = _entry_model(e, primary)
+        if e.level in (2, 3, 4):
+            conds = list(dict.fromkeys(c for r in e.reasons for u in r.units for c in u.get("conditions", [])))
+            for what, overrides in line_settings.settings_for(conds, e.level, e.variant):
+                e.settings.append(what)
+                e.overrides += [o for o in overrides if o not in e.overrides]
+    matched_files = {f for e in ordered for r in e.reasons for f in r.files}
+    unmatched = [f.path for f in code if f.path not in matched_files and not _matches(f.path, plan_rules.BRIDGE_OWN)
+                 and f.path not in {u.file for u in units if u.tier == "none"}]
+    notes = []
+    reached_files = {u.file for u in units if u.tier != "none"}
+    outside = sorted({u.file for u in units if u.tier == "none"} - reached_files)  # never on and off at once
+    tests = plan_bridge_tests.own_tests(change)
+    if outside:
+        notes.append("not on verl's path (verl never imports these; Bridge's own training loop, recipes or "
+                     f"scripts): {', '.join(outside)} — they justify no verl level. "
+                     f"{plan_bridge_tests.hint(plan_bridge_tests.own_tests(change, outside))}")
+    bridge_own = [f.path for f in code if _matches(f.path, plan_rules.BRIDGE_OWN)]
+    if bridge_own:
+        notes.append(f"Bridge's own tests/CI/examples changed ({len(bridge_own)} file(s)): they never run in "
+                     "verl's process; run them with nox -s bridge_unit")
+    if entries and not any(e.level == 3 for e in entries):
+        notes.append(plan_rules.FSDP_ON_REQUEST)
+    if entries:
+        docs = len(change.files) - len(code)
+        message = (f"{len(entries)} level run(s) recommended for {len(code)} changed file(s)"
+                   + (f" ({docs} documentation file(s) need none)" if docs else ""))
+    else:
+        message = (f"no rule matched the {len(code)} changed file(s) on verl's path: no level is required; "
+                   "nothing recommended")
+    return Plan(change, entries, families, message, False, unmatched, notes, units, optional, tests)
