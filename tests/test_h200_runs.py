@@ -1,0 +1,55 @@
+"""The tool's own runs on one real H200 (2026-12-01; verl v0.9.0, Bridge r0.6.0, vLLM 0.24, the image without
+modelopt, flash-attn, Apex or nsys), sanitized by ../shared/gpu-kit/sanitize.py: each log is judged by the engine
+alone as the level run judged it, and `judge --level N` agrees with the level run's own Result.
+
+Level 1's run directory holds two logs; its level rule (save at 1, resume, train and save step 2) is shown by run
+B's log, which is the one `judge --level 1` can answer for alone. Run A alone cannot show the resume: not Pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sessions.judge.verdict import judge_log
+
+RUNS = Path(__file__).parent / "logs" / "h200_runs"
+BRIDGE_SRC = "<bridge>/src"  # the sanitizer's placeholder for the Bridge checkout on the host
+
+# run folder, log, level, the run's answer (result, category), judge --level's result
+CASES = [
+    ("level3_fsdp_weight_sync", "verl.log", 3, ("Fail", "weight-sync"), "Fail"),
+    ("level1_save_resume_pass", "verl-B.log", 1, ("Pass", "success"), "Pass"),
+    ("level4_moe_pass", "verl.log", 4, ("Pass", "success"), "Pass"),
+    ("level0_sigterm_interrupted", "verl.log", 0, ("Blocked", "interrupted"), "Blocked"),
+]
+
+
+@pytest.mark.parametrize(("run", "log", "level", "run_answer", "level_result"), CASES, ids=[c[0] for c in CASES])
+def test_judge_agrees_with_the_level_run(run, log, level, run_answer, level_result):
+    summary = json.loads((RUNS / run / "summary.json").read_text())
+    assert summary["result"] == level_result  # what the level run itself concluded on the GPU
+    alone = judge_log(RUNS / run / log)
+    assert (alone.result, alone.category) == run_answer
+    leveled = judge_log(RUNS / run / log, level=level, bridge_src=BRIDGE_SRC, level_rule=True)
+    assert leveled.level_result == summary["result"], leveled.to_dict()
+
+
+def test_level3_failure_is_the_weight_sync_after_the_engine_was_up():
+    v = judge_log(RUNS / "level3_fsdp_weight_sync" / "verl.log")
+    assert "mixed torch.Tensor and DTensor" in v.first_error
+    assert "Level 0" in v.hint and "rollout engine failed before the actor" not in v.hint
+
+
+def test_level1_run_a_alone_does_not_pass_level1():
+    v = judge_log(RUNS / "level1_save_resume_pass" / "verl-A.log", level=1, bridge_src=BRIDGE_SRC, level_rule=True)
+    assert v.result == "Pass" and v.level_result != "Pass"
+
+
+def test_modelopt_came_from_the_wheel_folder_and_level1_was_blocked_before_it():
+    blocked = json.loads((RUNS / "level1_blocked_modelopt" / "summary.json").read_text())
+    assert blocked["result"] == "Blocked" and "--find-links" in blocked["sentence"]
+    record = json.loads(next((RUNS / "container_setup").glob("*modelopt*.json")).read_text())
+    assert record["action"] == "installed" and "local wheel folder" in record["source"]
