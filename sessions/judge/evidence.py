@@ -257,7 +257,7 @@ class Evidence:
                     self._driver_failure()
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
-                if cause_re.search(text) and cause not in self.death_causes:
+                if cause not in self.death_causes and cause_re.search(text):
                     self.death_causes.append(cause)
         if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             self.noise_after_last_step.append(_shorten(text, 200))

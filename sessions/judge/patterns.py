@@ -463,12 +463,37 @@ PATTERNS: tuple[Pattern, ...] = (
        any_of=("Error", "Exception", "Exit", "Interrupt", "Invalid")),
 )
 
+class Gated:
+    """A regex that runs only where one of its pattern's `also` literals is in the text (same answers, less work)."""
+
+    def __init__(self, regex: re.Pattern[str], also: tuple[str, ...]):
+        self.regex = regex
+        self.folded = bool(regex.flags & re.IGNORECASE)
+        self.also = tuple(lit.casefold() for lit in also) if self.folded else also
+
+    def search(self, text: str) -> re.Match[str] | None:
+        if not self.folded:
+            seen = text
+        elif text.isascii():  # ASCII: casefold is lower and (?i) matches no other letters
+            seen = text.lower()
+        else:
+            return self.regex.search(text)
+        for literal in self.also:
+            if literal in seen:
+                return self.regex.search(text)
+        return None
+
+
 # The raylet's explanation of a dead worker: the cause `actor-died` names.
 ACTOR_DEATH_CAUSES = (
-    (re.compile(r"OOM killer|oom-kill|out of memory|low on memory|memory limit|exceeded .*memory", re.I), "memory"),
-    (re.compile(r"node .*(?:dead|lost|died|removed)|NodeDiedError|node failure", re.I), "node lost"),
-    (re.compile(r"SIGKILL|killed by signal 9|^Killed$"), "killed (SIGKILL)"),
-    (re.compile(r"SIGSEGV|Segmentation fault|SIGABRT|core dumped", re.I), "native crash"),
+    (Gated(re.compile(r"OOM killer|oom-kill|out of memory|low on memory|memory limit|exceeded .*memory", re.I),
+           ("oom killer", "oom-kill", "out of memory", "low on memory", "memory limit", "exceeded")), "memory"),
+    (Gated(re.compile(r"node .*(?:dead|lost|died|removed)|NodeDiedError|node failure", re.I), ("node",)),
+     "node lost"),
+    (Gated(re.compile(r"SIGKILL|killed by signal 9|^Killed$"), ("SIGKILL", "killed by signal 9", "Killed")),
+     "killed (SIGKILL)"),
+    (Gated(re.compile(r"SIGSEGV|Segmentation fault|SIGABRT|core dumped", re.I),
+           ("sigsegv", "segmentation fault", "sigabrt", "core dumped")), "native crash"),
 )
 
 # `ray::WorkerDict.actor_rollout_init_model()` etc. in RayTaskError, "Unhandled error" and creation-task lines: the
@@ -493,27 +518,6 @@ CORE_METRIC_RE = re.compile(
     r"(?:^|/)(?:pg_loss|vf_loss|kl_loss|ppo_kl|kl|entropy|entropy_loss|grad_norm|score/mean|rewards/mean|"
     r"log_prob\w*|old_log_prob\w*|ref_log_prob\w*|vpred_mean)"
 )
-
-
-class Gated:
-    """A regex that runs only where one of its pattern's `also` literals is in the text (same answers, less work)."""
-
-    def __init__(self, regex: re.Pattern[str], also: tuple[str, ...]):
-        self.regex = regex
-        self.folded = bool(regex.flags & re.IGNORECASE)
-        self.also = tuple(lit.casefold() for lit in also) if self.folded else also
-
-    def search(self, text: str) -> re.Match[str] | None:
-        if not self.folded:
-            seen = text
-        elif text.isascii():  # ASCII: casefold is lower and (?i) matches no other letters
-            seen = text.lower()
-        else:
-            return self.regex.search(text)
-        for literal in self.also:
-            if literal in seen:
-                return self.regex.search(text)
-        return None
 
 
 def compiled() -> tuple[tuple[Pattern, re.Pattern[str] | Gated], ...]:
