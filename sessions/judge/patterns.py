@@ -210,7 +210,10 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="training steps"),
     _p("steps-override", "total_training_steps", r"trainer\.total_training_steps=(\d+)", "fact",
        fact="override_steps", covered_by="step"),
-    _p("steps-config", "total_training_steps", r"(?<![\w.])total_training_steps['\"]?\s*[:=]\s*(\d+)", "fact",
+    # `total_training_steps` not after [\w.], as a lookbehind after the literal: the regex engine's literal-prefix
+    # scan finds the candidates (a config dump line is long)
+    _p("steps-config", "total_training_steps",
+       r"total_training_steps(?<![\w.]total_training_steps)['\"]?\s*[:=]\s*(\d+)", "fact",
        fact="config_steps", covered_by="step"),
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
        fact="trace_steps", covered_by="TRAIN_STEPS"),
@@ -222,7 +225,8 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="arameters"),
     _p("adapter-pct", "Trainable percentage", r"Trainable percentage:\s*([\d.eE+-]+)\s*%", "fact",
        fact="adapter_pct", covered_by="percentage"),
-    _p("ckpt-save", "heckpoint", r"[Ss]aving checkpoint to:?\s*(\S+)", "fact", fact="save", phase="checkpoint"),
+    _p("ckpt-save", "heckpoint", r"[Ss]aving checkpoint to:?\s*(\S+)", "fact", fact="save", phase="checkpoint",
+       also=("aving checkpoint",)),
     _p("ckpt-saved", "heckpoint", r"Checkpoint save completed", "fact", fact="save_done", phase="checkpoint"),
     _p("resume", "Resuming from", r"Resuming from:?\s*(\S*global_step_\d+)", "fact", fact="resume",
        phase="checkpoint", covered_by="step"),
