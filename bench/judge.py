@@ -149,6 +149,10 @@ def measured(argv: list[str] | str, shell: bool = False) -> tuple[float, float, 
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, b"".join(chunks).decode()
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
@@ -165,8 +169,8 @@ def main() -> int:
         return 2
     from sessions.judge.verdict import scan_matcher
 
-    print(f"prefilter: {scan_matcher().engine}; grep pattern: {GREP_PATTERN!r}")
-    answers, ok = {}, True
+    print(f"prefilter: {scan_matcher().engine}; grep pattern: {GREP_PATTERN!r}; load average {_load()}")
+    answers, ok, rows = {}, True, []
     for placement in args.placements.split(","):
         path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
         if placement == "real":
@@ -192,8 +196,15 @@ def main() -> int:
               f"rss {rss:5.1f} MiB | grep wall {g_wall:5.2f} s cpu {g_cpu:5.2f} s | ratio wall {o_wall / g_wall:4.2f}x "
               f"cpu {o_cpu / g_cpu:4.2f}x {'ok' if within else 'OVER TARGET'} | {verdict['result']}/"
               f"{verdict['category']} steps {verdict['steps_completed']}")
+        rows.append((placement, mib, o_wall, o_cpu, rss, g_wall, g_cpu, within))
         if not args.keep:
             path.unlink()
+    print(f"\nside by side ({args.size_mib} MiB, best of {args.runs} runs, load average now {_load()}):")
+    print(f"{'placement':9s} {'MiB':>5s} | {'ours wall':>9s} {'cpu':>6s} {'rss MiB':>7s} | {'grep wall':>9s} {'cpu':>6s} | "
+          f"{'wall x':>6s} {'cpu x':>6s}")
+    for placement, mib, o_wall, o_cpu, rss, g_wall, g_cpu, within in rows:
+        print(f"{placement:9s} {mib:5.0f} | {o_wall:8.2f}s {o_cpu:5.2f}s {rss:7.1f} | {g_wall:8.2f}s {g_cpu:5.2f}s | "
+              f"{o_wall / g_wall:5.2f}x {o_cpu / g_cpu:5.2f}x {'ok' if within else 'OVER TARGET'}")
     same = len(set(answers.values())) <= 1
     first = next(iter(answers.values()), None)
     print(f"same verdict and first error in all filler placements: {same} -> {first}")

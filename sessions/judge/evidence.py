@@ -50,6 +50,7 @@ OPTIONAL_MODULE_RE = re.compile(
     r"nemo_automodel|vllm\._\w+)"
 )
 TABLE = compiled()
+TRAINING = PHASE_INDEX["training"]
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
 FULL_LINE_KINDS = ("fact", "limitation")  # searched in the whole line; causes in its first ERROR_SCAN_CHARS
 ERROR_SCAN_CHARS = 4096  # an exception's message starts the line; a 1 MB config-dump line is not an error
@@ -180,13 +181,12 @@ class Evidence:
         """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed."""
         if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
             match = step_line_match(raw)
-            if match and int(match.group(1)) > 0:
-                self.seq += 1
-                if self.reached < PHASE_INDEX["ray-up"] and raw.startswith((b"(", b"\x1b")):
-                    self._advance("ray-up")
-                rest = raw[match.end() :]
-                self._step(int(match.group(1)), rest, raw)
-                return
+            if match:
+                step = int(match.group(1))
+                if step > 0:
+                    self.seq += 1
+                    self._metrics_line(step, raw[match.end() :], raw)
+                    return
         candidates = DISPATCH.candidates(raw)
         if len(self.events) >= MAX_EVENTS:  # an error storm past the kept events: only facts can still matter
             kept = tuple(i for i in candidates if TABLE[i][0].kind in LATE_KINDS)
@@ -257,7 +257,7 @@ class Evidence:
                     self._driver_failure()
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
-                if cause_re.search(text) and cause not in self.death_causes:
+                if cause not in self.death_causes and cause_re.search(text):
                     self.death_causes.append(cause)
         if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             self.noise_after_last_step.append(_shorten(text, 200))
@@ -294,15 +294,42 @@ class Evidence:
             self.driver_failure_seq = self.seq
 
     def _progressed(self) -> None:
-        """Training went on: every error seen so far was survived."""
+        """Training went on: every error seen so far was survived (nothing to clear on most step lines)."""
         self.progress_seq = self.seq
-        self.events = []
-        self.events_dropped = 0
-        self.areas = {}
+        if self.events or self.events_dropped:
+            self.events = []
+            self.events_dropped = 0
+        if self.areas:
+            self.areas = {}
+        if self.death_causes:
+            self.death_causes = []
         self.driver_failure_seq = None
-        self.death_causes = []
         self.open_traceback = None
         self.fit_seen = False
+
+    def _metrics_line(self, step: int, rest: bytes, raw: bytes) -> None:
+        """`_step` of a bytes `step:N - ` line with N > 0 (the fast path of a long run's metrics lines), inlined;
+        its Ray prefix needs no ray-up: training is further."""
+        if self.reached < TRAINING:
+            self.reached = TRAINING
+        if step > self.max_step:
+            self.max_step = step
+            self._progressed()
+        self.phase = "training"
+        if self.noise_after_last_step:
+            self.noise_after_last_step = []
+        self.last_step_line = raw
+        head = self.metrics_head
+        metrics = None
+        if step in head or len(head) < METRICS_HEAD_STEPS:
+            metrics = head[step] = parse_metrics(rest.decode("utf-8", "replace"))
+        else:
+            tail = self.metrics_tail
+            if len(tail) == METRICS_TAIL_STEPS:
+                self.metrics_dropped += 1
+            tail.append((step, rest))
+        if b"nan" in rest or b"inf" in rest:
+            self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
 
     def _advance(self, phase: str) -> None:
         index = PHASE_INDEX[phase]

@@ -177,6 +177,9 @@ class Pattern:
     specific: bool = True  # errors: a named cause (beats a generic exception line when choosing the cause)
     covered_by: str | None = None  # scan needle every matching line holds when `needle` holds none (see tests)
     any_of: tuple[str, ...] = ()  # literals one of which every match holds, when no single `needle` does
+    # literals one of which every match also holds (its slow tail: `.*(?:failed|mismatch)`): checked with `in`
+    # before the regex runs (in the casefolded text for a `(?i)` regex); a line holding none cannot match
+    also: tuple[str, ...] = ()
 
 
 def _p(*args, **kwargs) -> Pattern:
@@ -207,7 +210,10 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="training steps"),
     _p("steps-override", "total_training_steps", r"trainer\.total_training_steps=(\d+)", "fact",
        fact="override_steps", covered_by="step"),
-    _p("steps-config", "total_training_steps", r"(?<![\w.])total_training_steps['\"]?\s*[:=]\s*(\d+)", "fact",
+    # `total_training_steps` not after [\w.], as a lookbehind after the literal: the regex engine's literal-prefix
+    # scan finds the candidates (a config dump line is long)
+    _p("steps-config", "total_training_steps",
+       r"total_training_steps(?<![\w.]total_training_steps)['\"]?\s*[:=]\s*(\d+)", "fact",
        fact="config_steps", covered_by="step"),
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
        fact="trace_steps", covered_by="TRAIN_STEPS"),
@@ -219,7 +225,8 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="arameters"),
     _p("adapter-pct", "Trainable percentage", r"Trainable percentage:\s*([\d.eE+-]+)\s*%", "fact",
        fact="adapter_pct", covered_by="percentage"),
-    _p("ckpt-save", "heckpoint", r"[Ss]aving checkpoint to:?\s*(\S+)", "fact", fact="save", phase="checkpoint"),
+    _p("ckpt-save", "heckpoint", r"[Ss]aving checkpoint to:?\s*(\S+)", "fact", fact="save", phase="checkpoint",
+       also=("aving checkpoint",)),
     _p("ckpt-saved", "heckpoint", r"Checkpoint save completed", "fact", fact="save_done", phase="checkpoint"),
     _p("resume", "Resuming from", r"Resuming from:?\s*(\S*global_step_\d+)", "fact", fact="resume",
        phase="checkpoint", covered_by="step"),
@@ -344,7 +351,9 @@ PATTERNS: tuple[Pattern, ...] = (
        "error", category="data", result="blocked", covered_by="rror"),
     _p("rm-missing", "eward", r"(?i)^(?=.*(?:reward|rm_model))(?=.*(?:does not appear to have|No such file|"
        r"not a local folder|Incorrect path_or_model_id|Can't load|not found))", "error", category="reward-model",
-       result="blocked", covered_by="rror"),
+       result="blocked", covered_by="rror",
+       also=("does not appear to have", "no such file", "not a local folder", "incorrect path_or_model_id",
+             "can't load", "not found")),
     _p("model-missing", "", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
        r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id|"
        r"Can't load (?:tokenizer|the configuration|config) for|LocalEntryNotFoundError|"
@@ -363,7 +372,8 @@ PATTERNS: tuple[Pattern, ...] = (
             "that INFER_TP divides the GPU count."),
     _p("too-few-gpus", "", r"(?i)(?:not enough|insufficient) (?:gpus|devices)|available gpus?:? \d+ is less than|"
        r"requires? \d+ gpus?.*(?:only|but) \d+", "error", category="env-no-gpu", result="blocked",
-       covered_by="rror", any_of=("GPU", "gpu", "devices", "DEVICES")),
+       covered_by="rror", any_of=("GPU", "gpu", "devices", "DEVICES"),
+       also=("not enough", "insufficient", "is less than", "require")),
     _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
        result="blocked"),
     # -- named causes that fail the run ------------------------------------------------------------------------
@@ -400,9 +410,10 @@ PATTERNS: tuple[Pattern, ...] = (
        r"(?:AsyncEngineDead|EngineDead|EngineGenerate)Error", "error", category="rollout", result="fail",
        covered_by="rror"),
     _p("rollout-loop", "rror", r"(?:vLLM|SGLang|sglang)\w* \w+ error|vLLMAsyncRollout.*error", "error",
-       category="rollout", result="fail"),
+       category="rollout", result="fail", also=("vLLM", "SGLang", "sglang")),
     _p("dist-ckpt", "heckpoint", r"CheckpointingException|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)", "error",
-       category="checkpoint", result="fail"),
+       category="checkpoint", result="fail",
+       also=("CheckpointingException", "rror", "failed", "mismatch", "corrupt")),
     _p("state-dict", "", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for|"
        r"Error\(s\) in loading state_dict", "error",
        category="provider", result="fail", hint="Weights and model do not match: check the provider's param "
@@ -411,7 +422,8 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("parallel-sizes", "parallel",
        r"(?:tensor|pipeline|context|expert|data)_model_parallel_size.*(?:mismatch|must|divisible|not equal|!=|"
        r"does not match|but .*(?:initiali[sz]ed|mpu))|model parallel group is not initialized|parallel state.*not initialized", "error",
-       category="provider", result="fail", hint=H_PARALLEL, covered_by="rror"),
+       category="provider", result="fail", hint=H_PARALLEL, covered_by="rror",
+       also=("mismatch", "must", "divisible", "not equal", "!=", "does not match", "initialized", "initialised", "mpu")),
     _p("provider-object", "object has no attribute",
        r"'\w*(?:ModelProvider|Provider|Bridge)' object has no attribute", "error", category="provider",
        result="fail", covered_by="rror"),
@@ -424,13 +436,14 @@ PATTERNS: tuple[Pattern, ...] = (
        r"loop|attached to a different loop|Cannot run the event loop", "error", category="rollout", result="fail",
        covered_by="rror", specific=False),
     _p("lora-target", "arget", r"(?i)target[_ ]modules?.*(?:not found|no match|did not match|not present|"
-       r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror"),
+       r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror",
+       also=("not found", "no match", "did not match", "not present", "not supported")),
     _p("config-check", "", r"(?:batch_size|micro_batch|mini_batch|n_gpus|world_size|nnodes|num_gpus)\w*.*"
        r"(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least)", "error",
        category="config", result="fail", covered_by="rror",
        any_of=("must be", "should be")),
     _p("reward-fn", "eward", r"Reward function is not implemented|reward function .*not (?:implemented|found)",
-       "error", category="reward-model", result="fail", covered_by="rror"),
+       "error", category="reward-model", result="fail", covered_by="rror", also=("not implemented", "not found")),
     _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|ConfigCompositionException|ConfigKeyError|"
        r"ConfigAttributeError", "error", category="config", result="fail", covered_by="rror"),
     _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
@@ -454,12 +467,37 @@ PATTERNS: tuple[Pattern, ...] = (
        any_of=("Error", "Exception", "Exit", "Interrupt", "Invalid")),
 )
 
+class Gated:
+    """A regex that runs only where one of its pattern's `also` literals is in the text (same answers, less work)."""
+
+    def __init__(self, regex: re.Pattern[str], also: tuple[str, ...]):
+        self.regex = regex
+        self.folded = bool(regex.flags & re.IGNORECASE)
+        self.also = tuple(lit.casefold() for lit in also) if self.folded else also
+
+    def search(self, text: str) -> re.Match[str] | None:
+        if not self.folded:
+            seen = text
+        elif text.isascii():  # ASCII: casefold is lower and (?i) matches no other letters
+            seen = text.lower()
+        else:
+            return self.regex.search(text)
+        for literal in self.also:
+            if literal in seen:
+                return self.regex.search(text)
+        return None
+
+
 # The raylet's explanation of a dead worker: the cause `actor-died` names.
 ACTOR_DEATH_CAUSES = (
-    (re.compile(r"OOM killer|oom-kill|out of memory|low on memory|memory limit|exceeded .*memory", re.I), "memory"),
-    (re.compile(r"node .*(?:dead|lost|died|removed)|NodeDiedError|node failure", re.I), "node lost"),
-    (re.compile(r"SIGKILL|killed by signal 9|^Killed$"), "killed (SIGKILL)"),
-    (re.compile(r"SIGSEGV|Segmentation fault|SIGABRT|core dumped", re.I), "native crash"),
+    (Gated(re.compile(r"OOM killer|oom-kill|out of memory|low on memory|memory limit|exceeded .*memory", re.I),
+           ("oom killer", "oom-kill", "out of memory", "low on memory", "memory limit", "exceeded")), "memory"),
+    (Gated(re.compile(r"node .*(?:dead|lost|died|removed)|NodeDiedError|node failure", re.I), ("node",)),
+     "node lost"),
+    (Gated(re.compile(r"SIGKILL|killed by signal 9|^Killed$"), ("SIGKILL", "killed by signal 9", "Killed")),
+     "killed (SIGKILL)"),
+    (Gated(re.compile(r"SIGSEGV|Segmentation fault|SIGABRT|core dumped", re.I),
+           ("sigsegv", "segmentation fault", "sigabrt", "core dumped")), "native crash"),
 )
 
 # `ray::WorkerDict.actor_rollout_init_model()` etc. in RayTaskError, "Unhandled error" and creation-task lines: the
@@ -486,6 +524,6 @@ CORE_METRIC_RE = re.compile(
 )
 
 
-def compiled() -> tuple[tuple[Pattern, re.Pattern[str]], ...]:
-    """The table with compiled regexes, in table order."""
-    return tuple((p, re.compile(p.regex)) for p in PATTERNS)
+def compiled() -> tuple[tuple[Pattern, re.Pattern[str] | Gated], ...]:
+    """The table with compiled regexes, in table order (gated by `also` where a pattern has it)."""
+    return tuple((p, Gated(re.compile(p.regex), p.also) if p.also else re.compile(p.regex)) for p in PATTERNS)
