@@ -35,10 +35,11 @@ def real_logs() -> Path:
 
 
 # Tests that share one resource run in one xdist worker (`--dist loadgroup`): the Slurm cluster (one per host),
-# the test sshd (one per module; cheaper once), the Ray tests (a throwaway local cluster each: two at a time on two
-# cores time out). Level runs do not call the real `ray stop --force` in tests (the ray_shim fixture), so they may run
-# beside the Ray tests.
-GROUPS = {"slurm": "slurm", "ssh": "sshd", "ray": "ray"}
+# the test sshd (one per module; cheaper once), and every test that starts Ray daemons — the Ray probe's throwaway
+# clusters and the two-node Slurm's Ray head and worker share one group: two Ray clusters at once on two loaded cores
+# missed their raylet heartbeats (seen: the two-node batch job lost its raylet socket beside a Ray probe test).
+# Level runs do not call the real `ray stop --force` in tests (the ray_shim fixture), so they may run beside them.
+GROUPS = {"slurm": "slurm-ray", "ssh": "sshd", "ray": "slurm-ray"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,48 @@
+"""Score the verdict engine on a folder of real verl logs with an INDEX.tsv (the layout of ../shared/real-logs):
+results, categories and false Passes, with every miss listed.
+
+    python bench/judge_corpus.py DIR [DIR ...]
+
+Used on the shared development set and on held-out folders that are not in this repository (the numbers of the
+closing note); tests/test_real_logs.py holds the same scoring as a test on the shared set.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from sessions.judge.verdict import judge_log  # noqa: E402
+
+
+def accepted(cell: str) -> set[str]:
+    return {part.strip().lower() for part in cell.split("|") if part.strip()}
+
+
+def score(folder: Path) -> None:
+    with open(folder / "INDEX.tsv", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    results = categories = false_pass = 0
+    misses, unknown = [], []
+    for row in rows:
+        v = judge_log(folder / row["file"])
+        r_ok = v.result.lower() in accepted(row["expected_result"])
+        c_ok = v.category.lower() in accepted(row["category"])
+        results += r_ok
+        categories += c_ok
+        false_pass += v.result == "Pass" and "pass" not in accepted(row["expected_result"])
+        if v.category == "unknown":
+            unknown.append(row["file"])
+        if not (r_ok and c_ok):
+            misses.append(f"  {row['file']}: {v.result}/{v.category} vs {row['expected_result']}/{row['category']}")
+    n = len(rows)
+    print(f"{folder}: {n} logs; results {results}/{n} ({100 * results / n:.1f} %), categories {categories}/{n} "
+          f"({100 * categories / n:.1f} %), false Pass {false_pass}, judged unknown {len(unknown)}")
+    print("\n".join(misses))
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:] or ["../shared/real-logs"]:
+        score(Path(arg))
