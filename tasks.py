@@ -73,7 +73,7 @@ REPORT = FlagTable((Flag("run_dir", None, "a run directory written by a level ta
 @declare(REPORT, auto_shortflags=True)
 def report(c, run_dir):
     """Re-render a run's summary (summary.md/json, junit.xml) from what its run directory holds."""
-    from sessions.run.level import report_command
+    from sessions.run.record import report_command
 
     return report_command(run_dir)
 

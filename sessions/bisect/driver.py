@@ -30,8 +30,9 @@ from env.settings import PROJECT_ROOT, TOOL_PREFIX, Resolved, UsageError, config
 from sessions.bisect.checkout import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
 from sessions.judge.structure import failure_signature
 from sessions.judge.verdict import CATEGORIES
-from sessions.run.level import RUN_FILE, LevelOptions, make_level_task, parse_options
+from sessions.run.level import LevelOptions, make_level_task, parse_options
 from sessions.run.progress import Relay
+from sessions.run.record import RUN_FILE
 from sessions.run.rundir import new_run_dir
 
 PROJECT = PROJECT_ROOT

@@ -18,7 +18,6 @@ from typing import Any
 
 from env import presets
 from env.preflight.checklist import (
-    BLOCKED,
     Check,
     RunContext,
     first_blocked,
@@ -32,15 +31,12 @@ from env.protocol.cli import EXIT_BY_RESULT, task_remainder
 from env.protocol.flags import Flag, FlagTable, task_from_table, validate
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, require_writable_dir, resolve
-from sessions.bridge_unit.records import BridgeChecks, not_requested
-from sessions.judge.verdict import Verdict
+from sessions.bridge_unit.records import BridgeChecks
 from sessions.run import level_rules, progress
 from sessions.run.launch import leftover_checks, redact_env, run_logged, secret_values
-from sessions.run.report import DELIVERABLES, Deliverable, overall_result, render_markdown, write_reports
+from sessions.run.record import save_run, summarize_run_dir
+from sessions.run.report import write_reports
 from sessions.run.rundir import new_run_dir, next_run_dir
-
-RUN_FILE = "run.json"
-
 
 # Flags of the level tasks, declared once (env/protocol/flags.py: type, range, choices, path, forwarded by `plan`);
 # `levels` limits a flag to the levels that use it. The task, its help, its validation and `plan`'s pass-through
@@ -302,12 +298,6 @@ def bridge_checks_step(settings: Resolved, ctx: RunContext, opts: LevelOptions) 
             f"BRIDGE_REPO={shlex.quote(ctx.bridge.path)} {shlex.join(argv)}")
 
 
-def _save_run(run_dir: Path, run: dict) -> None:
-    tmp = run_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(run, indent=2, default=str))
-    tmp.replace(run_dir / RUN_FILE)
-
-
 def _say(msg: str) -> None:
     print(f"{TOOL_PREFIX} {msg}", flush=True)
 
@@ -422,7 +412,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     }
     (run_dir / "env.json").write_text(json.dumps(redact_env(planned[0].env), indent=2, sort_keys=True))
     (run_dir / "command.sh").write_text(command_sh(ctx, settings, planned))
-    _save_run(run_dir, record)
+    save_run(run_dir, record)
 
     if blocked is None:
         try:
@@ -437,7 +427,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         if not record["stopped_before_verl"]:
             _launch_all(ctx, settings, planned, run_dir, record)
     record["finished"] = time.time()
-    _save_run(run_dir, record)
+    save_run(run_dir, record)
 
     summary = summarize_run_dir(run_dir)
     write_reports(run_dir, summary)
@@ -481,7 +471,7 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
         entry = {"name": run.name, "log": run.log_name, "argv": run.argv, "wrapper_env": run.wrapper_env,
                  "command": replay_command(ctx.verl.path, run, ctx.drop_env), "started": time.time()}
         record["runs"].append(entry)
-        _save_run(run_dir, record)
+        save_run(run_dir, record)
         with open(log_path, "ab") as log:
             header = f"{TOOL_PREFIX} level {record['level']} run {run.name}: {entry['command']}\n"
             log.write(header.encode())
@@ -500,183 +490,9 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
                      signal=result.signal_name)
         if record.get("checkpoint_dir"):  # what this run left in the series' directory (kept after cleanup)
             entry["checkpoints"] = level_rules.checkpoint_state(Path(record["checkpoint_dir"]))
-        _save_run(run_dir, record)
+        save_run(run_dir, record)
         if result.termination or result.exit_code != 0:
             break  # a later run of the series (level 1 B) means nothing after this one failed
-
-
-def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
-    from sessions.judge.verdict import judge_log
-
-    out = []
-    for entry in record["runs"]:
-        log = run_dir / entry["log"]
-        if not log.is_file():
-            continue
-        steps = entry.get("wrapper_env", {}).get("TOTAL_TRAIN_STEPS")
-        verdict = judge_log(log, level=record["level"], steps_expected=int(steps) if steps else None,
-                            bridge_src=str(Path(record["bridge"]["path"]) / "src"),
-                            exit_code=entry.get("exit_code"), termination=entry.get("termination"))
-        out.append((entry, verdict))
-    return out
-
-
-def _import_deliverable(record: dict, judged: list[tuple[dict, Verdict]]) -> Deliverable:
-    """Pass only on an import that ran (the heavy probe imported megatron.bridge in the run's Python, the Ray worker
-    saw the same checkout); a location that find_spec found is a note, and the deliverable "Not shown"."""
-    name = "Local Bridge import in verl"
-    checks = {c["name"]: c for c in record["preflight"]}
-    location = checks.get("megatron.bridge is the local checkout")
-    imported = checks.get("megatron.bridge imports")
-    worker = checks.get("Ray worker imports the local Bridge")
-    for _, v in judged:
-        if v.category in ("env-ray-import", "wrong-bridge"):
-            return Deliverable(name, "Blocked", f"{v.first_error} ({v.hint})")
-    if location is not None and location["status"] == BLOCKED:
-        return Deliverable(name, "Blocked", f"{location['detail']} — wrong Bridge: no evidence for the local change")
-    if imported is not None and imported["status"] == BLOCKED:
-        return Deliverable(name, "Blocked", f"{imported['name']}: {imported['detail']}")
-    if worker is not None and worker["status"] == BLOCKED:
-        return Deliverable(name, "Blocked", f"{worker['name']}: {worker['detail']}")
-    if imported is None or imported["status"] not in ("ok", "warn"):
-        why = imported["detail"] if imported is not None else "the import probe did not run"
-        note = (f"note: find_spec locates megatron.bridge at {location['detail']} (a location, not an import)"
-                if location is not None and location["status"] != "skipped" else "no location probed either")
-        ran = checks.get("driver imports") or checks.get("run's Python")
-        if location is None and ran is not None and ran["status"] == BLOCKED:
-            return Deliverable(name, "Blocked", f"{ran['name']}: {ran['detail']}")
-        return Deliverable(name, "Not shown", f"no import ran ({why}); {note}")
-    detail = f"{imported['detail']} (PYTHONPATH={record['pythonpath']})"
-    worker_file = record.get("evidence", {}).get("worker_bridge_file")
-    if worker_file:
-        detail += f"; Ray worker: megatron.bridge from {worker_file}"
-    elif worker is not None:
-        detail += f"; Ray worker not shown ({worker['detail']})"
-    return Deliverable(name, "Pass", detail)
-
-
-def _restated_settings(record: dict, judged: list[tuple[dict, Verdict]]) -> set[str]:
-    """Limitations the log shows for settings this tool applied itself: preflight already stated them, with the
-    reason. Settings the user added after `--` are not ours, so the log's limitation for them stays."""
-    user = set(record["options"].get("extra_overrides") or [])
-    ours = [a for e in record["runs"] for a in e["argv"][2:] if a not in user]
-    ours += [f"{k}={v}" for e in record["runs"] for k, v in (e.get("wrapper_env") or {}).items()]
-    return {text for _, v in judged for needle, text in v.setting_limitations.items()
-            if any(needle in arg for arg in ours)}
-
-
-def summarize_run_dir(run_dir: Path) -> dict:
-    """Deliverables, result and the summary fields, from run.json and the logs (also for `invoke report`)."""
-    record = json.loads((run_dir / RUN_FILE).read_text())
-    number = record["level"]
-    level = presets.LEVELS[number]
-    judged = _judge_runs(run_dir, record)
-    record["run_dir"] = str(run_dir)  # where the rule finds the logs now (and writes level evidence)
-    outcome = level_rules.combine(number, record, judged)
-    bc = record.get("bridge_checks") or (
-        asdict(not_requested()) if record["options"].get("skip_bridge_checks")
-        else {"status": "Skipped", "detail": "preflight stopped first", "limitations": []})
-    blocked = record.get("blocked")
-    variant = f" --variant {record['variant']}" if record.get("variant") else ""
-    if record["options"].get("feature") and not judged:  # judged: the level rule's coverage names it
-        variant += f" --feature {record['options']['feature']}"
-    what = f"LoRA + {'Megatron-FSDP' if level.env.get('USE_MEGATRON_FSDP') == 'True' else 'Megatron DDP'}"
-
-    deliverables = [Deliverable("Bridge-side checks", bc["status"], bc["detail"]),
-                    _import_deliverable(record, judged)]
-    if blocked:
-        fix = f"; fix: {blocked['fix']}" if blocked.get("fix") else ""
-        run_d = Deliverable("verl Megatron backend run", "Blocked",
-                            f"verl not started: preflight '{blocked['name']}': {blocked['detail']}{fix}")
-    elif record.get("stopped_before_verl"):
-        run_d = Deliverable("verl Megatron backend run", "Skipped", f"verl not started: {record['stopped_before_verl']}")
-    elif not judged:
-        run_d = Deliverable("verl Megatron backend run", "Fail", "no log was written")
-    else:
-        run_d = Deliverable("verl Megatron backend run", outcome.run_status, f"{what}: {outcome.run_detail}")
-    deliverables.append(run_d)
-    if level.variant_deliverable is None:
-        deliverables.append(Deliverable("Requested variants", "Not requested", f"Level {number} requests no variant"))
-    elif run_d.status in ("Skipped", "Blocked") and not judged:
-        deliverables.append(Deliverable("Requested variants", "Skipped",
-                                        f"{level.variant_deliverable}{variant}: verl not started"))
-    else:
-        deliverables.append(Deliverable("Requested variants", outcome.variant_status,
-                                        f"{level.variant_deliverable}{variant}: {outcome.variant_detail}"))
-    logs = [run_dir / e["log"] for e in record["runs"]]
-    if not logs:
-        deliverables.append(Deliverable("Log capture", "Skipped", f"verl not started; preflight in {run_dir / RUN_FILE}"))
-    elif all(p.is_file() and p.stat().st_size > 0 for p in logs):
-        cut = [e["name"] for e in record["runs"] if e.get("termination")]
-        note = f" (complete up to the {', '.join(e['termination'] for e in record['runs'] if e.get('termination'))})" if cut else ""
-        deliverables.append(Deliverable("Log capture", "Pass", ", ".join(map(str, logs)) + note))
-    else:
-        deliverables.append(Deliverable("Log capture", "Fail", f"missing or empty: {', '.join(map(str, logs))}"))
-    assert [d.name for d in deliverables] == list(DELIVERABLES)
-
-    result = overall_result(deliverables)
-    title = f"Level {number} ({level.title}{variant})"
-    if result == "Pass":
-        sentence = f"{title} passed: {outcome.proves or level.proves}."
-    elif result == "Fail":
-        bad = next(d for d in deliverables if d.status == "Fail")
-        sentence = f"{title} failed — {bad.name}: {bad.detail}"
-    else:
-        # name the blocker itself, not a deliverable that was merely skipped because of it
-        bad = next((d for d in deliverables if d.status == "Blocked"), None) or \
-            next(d for d in deliverables if d.status == "Skipped")
-        sentence = (f"{title} blocked — {bad.name}: {bad.detail}. Not evidence against the Bridge provider.")
-
-    restated = _restated_settings(record, judged)
-    user_overrides = [f"user override after --: {o} (not part of the procedure's preset)"
-                      for o in record["options"].get("extra_overrides") or []]
-    limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + user_overrides + \
-        [x for x in outcome.limitations if x not in restated and "not evidence against the Bridge" not in x]
-    follow_ups = list(outcome.follow_ups)
-    if blocked and blocked.get("fix"):
-        follow_ups.insert(0, f"fix the environment: {blocked['fix']}, then rerun")
-    if bc["status"] in ("Fail", "Blocked"):
-        follow_ups.append(f"Bridge-side checks {bc['status']}: {bc['detail']}")
-    elif bc["status"] == "Skipped" and not blocked:
-        follow_ups.append("run the Bridge-side checks: nox -s bridge_unit")
-    image = record.get("evidence", {}).get("container_image")
-    image = f" in container image {image}" if image else ""  # the procedure: keep the exact tag in the report
-    commands = [e["command"] for e in record["runs"]] or ["verl not started (see command.sh for the planned command)"]
-    model = record["model"]
-    mp = record["settings"].get("model_path")
-    summary = {
-        "suite": f"verl-e2e.level{number}",
-        "result": result,
-        "exit_code": EXIT_BY_RESULT[result],
-        "sentence": sentence,
-        "coverage": title + (" with enforce_eager" if record["options"].get("enforce_eager") else "")
-        + (" (dummy model)" if record["options"].get("dummy_config") else "")
-        + (f", {outcome.coverage}" if outcome.coverage else ""),
-        "model": model + (f" (MODEL_PATH={mp})" if mp else ""),
-        "deliverables": [asdict(d) for d in deliverables],
-        "evidence": {
-            "bridge_repo": f"{record['bridge']['path']} @ " + _describe(record["bridge"]),
-            "verl_repo": f"{record['verl']['path']} @ " + _describe(record["verl"]),
-            "command": " ; ".join(commands) + f" (replay: {run_dir / 'command.sh'})" + image,
-            "key_lines": " | ".join(outcome.key_lines) or "none (verl not started)",
-        },
-        "limitations": list(dict.fromkeys(limitations)),
-        "follow_ups": list(dict.fromkeys(follow_ups)),
-        "category": outcome.category if judged else (blocked or {}).get("category") or
-        ("success" if result == "Pass" else "unknown"),
-        "verdicts": {e["name"]: v.to_json() for e, v in judged},
-        "run_dir": str(run_dir),
-        "notes": record.get("notes", []),
-        "level_facts": outcome.facts,
-    }
-    return summary
-
-
-def _describe(state: dict) -> str:
-    from env.repos import RepoState
-
-    subs = {k: RepoState(**{**v, "submodules": {}}) for k, v in state.get("submodules", {}).items()}
-    return RepoState(**{**state, "submodules": subs}).describe()
 
 
 def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool = False, timings: bool = False,
@@ -696,18 +512,3 @@ def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool 
         if timings:
             print(timings_text(ctx.evidence))
     return exits.BLOCKED if first_blocked(checks) else exits.PASS
-
-
-def report_command(run_dir: str) -> int:
-    """`invoke report RUN_DIR`: rebuild the summary from run.json and the logs, print it, exit with its code."""
-    path = Path(run_dir)
-    if not (path / "run.json").is_file():
-        raise UsageError(f"{path} is not a run directory (no run.json)")
-    try:
-        summary = summarize_run_dir(path)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # json.JSONDecodeError is a ValueError
-        raise UsageError(f"{path / RUN_FILE} cannot be read back (truncated or not written by this tool?): "
-                         f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
-    write_reports(path, summary)
-    sys.stdout.write(render_markdown(summary))
-    return EXIT_BY_RESULT[summary["result"]]
