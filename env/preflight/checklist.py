@@ -413,7 +413,7 @@ VISION_KEYS = ("vision_config", "vision_tower", "mm_vision_tower", "visual", "vi
 
 def check_feature(ctx: RunContext) -> Iterable[Check]:
     """Level 4 --feature: the model has what the feature is about (a VLM a vision config, a MoE model experts)."""
-    from sessions.run.level_rules import MOE_CONFIG_KEYS, expert_count  # noqa: PLC0415 - level rules import us
+    from env.preflight.model_config import MOE_CONFIG_KEYS, expert_count  # noqa: PLC0415
 
     if ctx.level != 4 or ctx.feature is None:
         return
@@ -448,7 +448,7 @@ MOE_KERNELS = ("_moe_C_stable_libtorch", "_moe_C")  # vLLM's MoE ops: stable-ABI
 def check_vllm_moe_kernels(ctx: RunContext) -> Iterable[Check]:
     """A MoE model's rollout needs vLLM's compiled MoE ops (`ops.topk_softmax`): vLLM only warns when
     `vllm._moe_C_stable_libtorch` is missing, and the engine dies later. Listed without importing vLLM."""
-    from sessions.run.level_rules import expert_count  # noqa: PLC0415
+    from env.preflight.model_config import expert_count  # noqa: PLC0415
 
     name = "vLLM MoE kernels"
     found = _located(ctx) if ctx.probe else None
