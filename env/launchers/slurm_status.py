@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from env.launchers.base import exit_code_of, run_dirs_in
-from env.launchers.slurm import JOBS_SUBDIR
+from env.launchers.slurm_step import JOBS_SUBDIR
 from env.settings import TOOL_PREFIX, UsageError
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",

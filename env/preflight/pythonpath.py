@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from env.preflight.checks import ImportProbe
+from env.preflight.ray_function import RAY_FUNCTION
 from env.repos import MEGATRON_LM
 
 if TYPE_CHECKING:
@@ -338,8 +339,6 @@ def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout
     request_data: dict = {"heavy": heavy, "present": list(PRESENCE), "imports": list(imports),
                           "extensions": list(EXTENSIONS)}
     if ray is not None:
-        from env.preflight.ray_probe import RAY_FUNCTION  # noqa: PLC0415 - ray_probe imports this module
-
         request_data["ray"] = {**ray, "function": RAY_FUNCTION}
         env.pop("RAY_ADDRESS", None)
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")

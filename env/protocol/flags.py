@@ -185,7 +185,7 @@ def task_from_table(table: FlagTable, body: Callable[..., Any], *, name: str, do
     values as keyword arguments (`validated=False`: as invoke parsed them, for a body that validates itself)."""
     from invoke import task
 
-    from env.protocol.cli import one_line_errors
+    from env.protocol.errors import one_line_errors
 
     def wrapper(c, **kwargs):
         values = validate(table, kwargs) if validated else kwargs

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import sys
 from typing import Any
 
 from invoke.exceptions import Exit, ParseError
 
-from env.protocol import exits, lines
+from env.protocol import exits
+from env.protocol.errors import closed_stdout_exit, interrupt_as_exit
 
 # Tasks that run another task elsewhere (remote, slurm) or at each commit (bisect).
 FORWARDING_TASKS = ("remote", "slurm", "bisect")
@@ -151,27 +151,6 @@ def check_forwarded(collection: Any, owner: str, line: list[str]) -> None:
 # ---------------------------------------------------------------- the hooks
 
 
-def _interrupted(_signum: int, _frame: Any) -> None:
-    raise Exit(lines.interrupted_line(lines.announced_run_dir()), code=exits.INTERRUPTED)
-
-
-def interrupt_as_exit() -> None:
-    """Until a task body runs, Ctrl-C is `interrupted`, exit 130 (invoke would exit 1 without a word)."""
-    try:
-        signal.signal(signal.SIGINT, _interrupted)
-    except ValueError:  # not the main thread (invoke run inside a test harness): leave signals alone
-        pass
-
-
-def interrupt_as_keyboard_interrupt() -> None:
-    """Inside a task body: Ctrl-C is KeyboardInterrupt again (levels, bisect and remote stop what they started)."""
-    try:
-        if signal.getsignal(signal.SIGINT) is _interrupted:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    except ValueError:
-        pass
-
-
 def _closed_stdout_hook(previous):
     def hook(kind, value, tb):
         if issubclass(kind, BrokenPipeError):  # `invoke judge --help | head -2`: not an error of ours
@@ -179,16 +158,6 @@ def _closed_stdout_hook(previous):
         previous(kind, value, tb)
 
     return hook
-
-
-def closed_stdout_exit() -> None:
-    """The reader of stdout went away: stop quietly, exit 141 (no traceback at interpreter shutdown)."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-    os._exit(exits.CLOSED_STDOUT)
 
 
 def _test_pause() -> None:

@@ -16,7 +16,7 @@ NO_TRACE = "the wrapper's traced command (set -x) is not in the log"
 def _trace(log_path: str | None) -> dict[str, str] | None:
     if not log_path:
         return None
-    from sessions.run.level_rules import traced_overrides
+    from sessions.judge.trace import traced_overrides
 
     return traced_overrides(Path(log_path))
 
@@ -50,7 +50,7 @@ def level1(v: Verdict) -> list[Criterion]:
 
 def level2(trace: dict[str, str] | None) -> list[Criterion]:
     from env import presets
-    from sessions.run.level_rules import TRACE_KEYS
+    from sessions.judge.trace import TRACE_KEYS
 
     name = "variant's parallel sizes in the traced command"
     if trace is None:
@@ -65,7 +65,7 @@ def level2(trace: dict[str, str] | None) -> list[Criterion]:
 
 def level3(trace: dict[str, str] | None) -> list[Criterion]:
     from env import presets
-    from sessions.run.level_rules import FSDP_KEY
+    from sessions.judge.trace import FSDP_KEY
 
     name = "Megatron-FSDP (use_megatron_fsdp=True, gradient_accumulation_fusion=False) in the traced command"
     if trace is None:
@@ -105,7 +105,7 @@ def level_criteria(level: int | None, v: Verdict, log_path: str | None) -> tuple
     if level == 3:
         return level3(_trace(log_path)), []
     if level == 4:
-        from sessions.run.level_rules import feature_limitations
+        from sessions.judge.trace import feature_limitations
 
         return [], feature_limitations(None, None, _trace(log_path), [])
     if level == 5:
