@@ -215,7 +215,7 @@ def remote_task(
         def watch(output_line: bytes) -> None:
             run_dirs.extend(run_dirs_in(output_line))
 
-        status, interrupted = remote.stream(command, out, err, on_line=watch)
+        status, interrupted = remote.stream(command, out, err, on_line=watch, stop_wait_s=grace_s + 60)
         if not run_dirs:  # the task died before printing it: take what appeared in the remote LOG_DIR
             after = remote.helper("probe", {"trees": [], "list_dirs": [remote_log_dir]})["listings"][0]["entries"]
             run_dirs = [f"{remote_log_dir}/{name}" for name in sorted(set(after) - before)]

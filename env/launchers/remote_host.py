@@ -14,6 +14,7 @@ import re
 import select
 import shlex
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,13 +155,17 @@ class RemoteHost:
             raise RemoteUnavailable(f"{self.display}: sync helper '{command}': {answer['error']}")
         return answer
 
-    def stream(self, command: str, out: BinaryIO, err: BinaryIO, on_line=None) -> tuple[int | None, bool]:
+    def stream(self, command: str, out: BinaryIO, err: BinaryIO, on_line=None,
+               stop_wait_s: float = 120) -> tuple[int | None, bool]:
         """Run with live output; Ctrl-C once = stop the remote task (EOF to its watcher), twice = drop the link.
+        A remote side that has not finished `stop_wait_s` after the first Ctrl-C is dropped too (its session's
+        hangup stops what is left): Ctrl-C never leaves this process waiting without bound.
 
         Returns (exit status or None when the connection went away, whether we were interrupted).
         """
         channel = self._open_channel(command)
         interrupted = 0
+        deadline = None
         pending = {1: b"", 2: b""}
 
         def emit(stream: BinaryIO, key: int):
@@ -176,11 +181,18 @@ class RemoteHost:
 
         while True:
             try:
-                pump(channel, emit(out, 1), emit(err, 2))
+                pump(channel, emit(out, 1), emit(err, 2), deadline=deadline)
+                break
+            except TimeoutError:
+                err.write(f"[verl-e2e] the remote task did not stop within {stop_wait_s:.0f}s of Ctrl-C: "
+                          f"disconnecting\n".encode())
+                err.flush()
+                channel.close()
                 break
             except KeyboardInterrupt:
                 interrupted += 1
                 if interrupted == 1:
+                    deadline = time.monotonic() + stop_wait_s
                     err.write(b"\n[verl-e2e] Ctrl-C: stopping the remote task (Ctrl-C again to disconnect)\n")
                     err.flush()
                     with contextlib.suppress(OSError, EOFError):
@@ -197,9 +209,12 @@ class RemoteHost:
         return (None if status == -1 else status), bool(interrupted)
 
 
-def pump(channel, on_stdout, on_stderr) -> None:
-    """Move a channel's stdout/stderr to callbacks until the remote side has sent everything."""
+def pump(channel, on_stdout, on_stderr, deadline: float | None = None) -> None:
+    """Move a channel's stdout/stderr to callbacks until the remote side has sent everything (TimeoutError once
+    `deadline`, a time.monotonic() value, has passed)."""
     while True:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError
         if channel.recv_ready():
             on_stdout(channel.recv(1 << 16))
         elif channel.recv_stderr_ready():
