@@ -422,3 +422,61 @@ def test_settings_that_run_the_changed_line(tmp_path):
     assert l2m.settings and "expert_tensor_parallel_size=null" in l2m.settings[0]
     assert "++actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=null" in l2m.overrides
     assert l2m.to_json()["overrides"] == l2m.overrides
+
+
+def test_classmethod_factory_makes_its_class_live():
+    from sessions.plan.index import BridgeIndex
+    from sessions.plan.reach import Step, reach
+
+    src = {"src/megatron/bridge/__init__.py": "",
+           "src/megatron/bridge/m.py": textwrap.dedent("""
+               class Source:
+                   def save(self):
+                       return 1
+
+               class Pretrained:
+                   @classmethod
+                   def from_path(cls, p):
+                       return cls()
+
+                   @property
+                   def state(self):
+                       return Source()
+
+               def entry():
+                   return Pretrained.from_path("x").state.save()
+           """)}
+    ix = BridgeIndex("/nonexistent", sources=src)
+    r = reach(ix, [("megatron.bridge.m:entry", Step(None, "verl"))], {})
+    assert "megatron.bridge.m:Pretrained" in r.live
+    assert "megatron.bridge.m:Source.save" in r
+
+
+def test_activation_checkpointing_is_no_checkpoint_save():
+    from sessions.plan import rules as plan_rules
+    from sessions.plan.analysis import topic_hits
+
+    rule = plan_rules.BY_NAME["checkpointing"]
+    assert topic_hits(rule, ["checkpoint_core_attention", "recompute_granularity"]) == []
+    assert topic_hits(rule, ["save_checkpoint"]) == ["save_checkpoint"]
+
+
+def test_amax_mapping_is_modelopt_state_not_fp8_scaling():
+    from sessions.plan.features import feature_of_name
+
+    assert "qat" in feature_of_name("MoeAmaxFanoutMapping")
+    assert "qat" not in feature_of_name("fp8_amax_history_len")
+
+
+def test_new_field_verl_sets_counts_even_when_declared_off():
+    from sessions.plan.analysis import _fields_verl_names
+    from sessions.plan.index import BridgeIndex
+    from sessions.plan.verl_surface import VerlSurface
+
+    src = {"src/megatron/bridge/__init__.py": "",
+           "src/megatron/bridge/p.py": "class P:\n    a: int = 1\n    moe_enable_routing_replay: bool = False\n"}
+    ix = BridgeIndex("/nonexistent", sources=src)
+    unit = ix.unit("megatron.bridge.p:P")
+    surface = VerlSurface("verl", attributes={"moe_enable_routing_replay": "verl/x.py:1"})
+    assert _fields_verl_names(unit, {3}, surface) == ["moe_enable_routing_replay"]
+    assert _fields_verl_names(unit, {2}, surface) == []

@@ -4,6 +4,7 @@ which of its calls), imports it only, or never reaches it (sessions/plan/reach.p
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import re
 from collections import Counter
@@ -14,6 +15,7 @@ from env.settings import UsageError
 from sessions.plan import features as plan_features
 from sessions.plan import reach as plan_reach
 from sessions.plan import rules as plan_rules
+from sessions.plan import stand_in as plan_stand_in
 from sessions.plan.change import Change, _is_bridge_python
 from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.plan.rules import Rule
@@ -94,7 +96,13 @@ class Analysis:
 def topic_hits(rule: Rule, idents: list[str], topics: tuple[str, ...] | None = None) -> list[str]:
     """The identifiers a rule's topics match (every word of a topic among one identifier's words)."""
     topics = [set(t.split()) for t in (topics or rule.topics)]
-    return [i for i in idents if any(t <= set(plan_reach.words_of(i)) for t in topics)]
+    unless = [set(t.split()) for t in rule.unless]
+    out = []
+    for i in idents:
+        words = set(plan_reach.words_of(i))
+        if any(t <= words for t in topics) and not any(t <= words for t in unless):
+            out.append(i)
+    return out
 
 
 def _direction(label: str) -> str | None:
@@ -119,6 +127,20 @@ def _has_bridge_caller(index: BridgeIndex, unit: Unit) -> bool:
                 continue
             return True
     return False
+
+
+def _fields_verl_names(unit: Unit, lines: set[int], surface: VerlSurface) -> list[str]:
+    """Fields a changed class declares on the changed lines whose names verl reads or sets on Bridge objects
+    (`hasattr(provider, "moe_enable_routing_replay")`): a new knob verl turns on counts even when its default is
+    off (`= False` / `= None`), since verl's own code takes the new branch."""
+    if unit.kind != "class" or not isinstance(unit.node, ast.ClassDef):
+        return []
+    out = []
+    for n in unit.node.body:
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.lineno in lines \
+                and n.target.id in surface.attributes:
+            out.append(n.target.id)
+    return out
 
 
 def _direct_modules(index: BridgeIndex, surface: VerlSurface) -> set[str]:
@@ -184,7 +206,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     except SurfaceError as e:
         raise UsageError(str(e)) from None
     index = BridgeIndex(change.repo)
-    global_reach = plan_reach.reach(index, plan_reach.verl_seeds(index, surface), surface.attributes)
+    seeds = plan_reach.verl_seeds(index, surface) + plan_stand_in.stand_ins(index, surface)
+    global_reach = plan_reach.reach(index, seeds, surface.attributes)
     modules = {k for k in global_reach.steps if ":" not in k}
     units: dict[str, ChangedUnit] = {}
     per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence]]] = {}
@@ -218,6 +241,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
     for key, (unit, lines, code, old_evs) in per_unit.items():
         ev = plan_reach.evidence(unit, lines, code)
+        ev.code += _fields_verl_names(unit, lines, surface)
         raw = ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
         targets = ev.targets + [n for old_ev in old_evs for n in old_ev.targets]
         # a name on both sides of an edited line did not change: only names added or removed count as code

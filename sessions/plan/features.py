@@ -11,7 +11,7 @@ Its *features* are facts of that code:
   `ModuleSpec(...)`), or layer modules of its own (classes deriving from an attention / MLP / norm / linear /
   transformer-layer class);
 - quantized: quantized checkpoint weights (`quantization_config`, dequantizing import, `weight_scale_inv`, FP8/FP4);
-- qat: ModelOpt / QAT state.
+- qat: ModelOpt / QAT state (quantizer modules, amax mappings).
 
 The same detectors, applied to the changed lines of a unit, say which features a change *touches*.
 """
@@ -35,7 +35,10 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "vlm": ("vision", "visual", "vit", "image", "images", "pixel", "video", "vlm", "multimodal"),
     "quantized": ("quant", "quantization config", "quantization", "quantized", "dequant", "dequantize", "fp8", "fp4",
                   "nvfp4", "mxfp4", "weight scale inv", "scale inv", "e8m0"),
-    "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer"),
+    # amax converted between checkpoints is ModelOpt's calibrated quantizer state (TE's FP8 amax history is
+    # training-time scaling, never mapped)
+    "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer", "amax mapping", "amax map",
+            "quantizer amax"),
 }
 # custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
 LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")

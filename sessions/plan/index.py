@@ -319,6 +319,9 @@ class BridgeIndex:
                 t = self._target(n.func, info, local)
                 if t:
                     unit.called.add(t[1])
+        if unit.kind == "method" and unit.cls and _builds_cls(unit.node):
+            unit.refs.add(unit.cls)  # a classmethod factory (`return cls(...)`) makes instances of its class
+            unit.called.add(unit.cls)
         if unit.kind == "class":
             for b in unit.node.bases:  # type: ignore[union-attr]
                 t = self._target(b, info, local)
@@ -388,6 +391,16 @@ class BridgeIndex:
             if u.kind != "module" and u.start <= line <= u.end and (u.end - u.start) <= (best.end - best.start):
                 best = u
         return best
+
+
+def _builds_cls(node: ast.AST | None) -> bool:
+    """A classmethod that calls its own first argument (`cls(...)`): it builds an instance of its class."""
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.args.args or not any(
+            isinstance(d, ast.Name) and d.id == "classmethod" for d in node.decorator_list):
+        return False
+    first = node.args.args[0].arg
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == first
+               for n in ast.walk(node))
 
 
 def _first(node: ast.AST) -> int:

@@ -55,6 +55,7 @@ class Rule:
     within: str | None = None  # fires only where this other rule fires too (PEFT trainability: in PEFT code)
     code_topics: tuple[str, ...] = ()  # evidence="code": topics for the code's names when narrower than `topics`
     code_in: tuple[str, ...] = ()  # globs where the names of changed code verl runs count, not only its subject
+    unless: tuple[str, ...] = ()  # topics that make an identifier mean something else (activation checkpointing)
 
 
 # Where the parallel sizes and mpu state that changed code reads or sets count (provider, finalize, mapping and
@@ -85,7 +86,8 @@ RULES: tuple[Rule, ...] = (
          areas=(SRC + "peft/*", MODELS + "conversion/peft_bridge.py")),
     Rule("checkpointing", 1, "checkpointing changed: verl-owned checkpoint save/load of the Bridge-built model",
          topics=("checkpoint", "checkpointing", "checkpoints", "ckpt", "save", "resume", "rng state",
-                 "sharded state dict")),
+                 "sharded state dict"),
+         unless=("core attention", "activation", "activations", "recompute", "recomputation")),
     Rule("optimizer-state", 1, "optimizer state changed: it is saved and reloaded on resume",
          topics=("optimizer state", "optim state", "load optim", "save optim", "optimizer state dict")),
     Rule("hf-export", 1, "HF export changed: verl exports weights through it (rollout sync, model/huggingface/ "
