@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -195,6 +196,11 @@ def test_level3_runs_megatron_fsdp_with_the_three_fusion_overrides(workspace):
     variant = deliverable(summary, "Requested variants")
     assert variant["status"] == "Pass" and "use_megatron_fsdp=True" in variant["detail"]
     assert "Megatron-FSDP" in deliverable(summary, "verl Megatron backend run")["detail"]
+    # one GPU (the fixture workspace's): the report says what was not exercised; with two GPUs it does not
+    assert any("nothing is sharded across ranks" in lim for lim in summary["limitations"]), summary["limitations"]
+    shutil.rmtree(run_dir)
+    _, _, two = run(workspace, "level3", env={"NUM_GPUS": "2", "FIXTURE_GPUS": "2"})
+    assert not any("nothing is sharded across ranks" in lim for lim in two["limitations"]), two["limitations"]
 
 
 def test_level3_fails_when_the_run_did_not_select_megatron_fsdp(workspace):

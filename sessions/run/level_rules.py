@@ -271,6 +271,9 @@ def megatron_fsdp(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutc
 
     out = single_run(record, judged)
     entry, v = judged[-1]
+    if str((entry.get("wrapper_env") or {}).get("NUM_GPUS", "1")) == "1":  # said for a Fail too: what it covered
+        out.limitations.append("Megatron-FSDP on one GPU: nothing is sharded across ranks (no cross-rank "
+                               "all-gather/reduce-scatter, one-rank DTensor shards); run with --num-gpus 2 or more")
     if v.final_result != "Pass":
         return out
     trace = _trace_of(record, entry)
