@@ -11,7 +11,6 @@ its state from `squeue -s` / `scontrol show step`, its files under the same name
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from env.launchers.base import exit_code_of, run_dirs_in
 from env.launchers.slurm_step import JOBS_SUBDIR
+from env.protocol.child import pid_alive
 from env.settings import TOOL_PREFIX, UsageError
 
 ACTIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
@@ -49,7 +49,7 @@ class JobStatus:
         if self.step_exit_code is not None:
             return True
         if "." in self.job_id:  # a step: its exit file says it ended, or its launcher here is gone without one
-            return self.slurm_state is None and self.launcher_pid is not None and not _alive(self.launcher_pid)
+            return self.slurm_state is None and self.launcher_pid is not None and not pid_alive(self.launcher_pid)
         return self.slurm_state is not None and self.slurm_state not in ACTIVE_STATES
 
     @property
@@ -58,16 +58,6 @@ class JobStatus:
         if self.result_exit_code is not None:
             return self.result_exit_code
         return self.step_exit_code
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess | None:

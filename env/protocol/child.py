@@ -28,6 +28,17 @@ TAIL_LINES = 8
 PR_SET_PDEATHSIG = 1
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def invoke_argv(args: list[str]) -> list[str]:
     """This project's invoke, as a child: the same Python, the same collection."""
     return [sys.executable, "-m", "invoke", "--search-root", str(PROJECT_ROOT), *args]

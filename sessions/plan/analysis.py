@@ -74,16 +74,6 @@ def plan_reach_label(key: str) -> str:
     return key.split(":", 1)[1] if ":" in key else key
 
 
-def _family_folder(path: str) -> str | None:
-    if not path.startswith(plan_rules.MODELS):
-        return None
-    rest = path[len(plan_rules.MODELS):]
-    if "/" not in rest:
-        return None
-    folder = rest.split("/")[0]
-    return None if folder in plan_rules.GENERIC_MODEL_DIRS else folder
-
-
 @dataclass
 class Analysis:
     """The changed units with what verl reaches of them."""
@@ -266,7 +256,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 "imports" if _beside_verl_imports(index, unit, direct) else "none")
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
-                         family=_family_folder(unit.file), strings=ev.strings, conditions=ev.conditions,
+                         family=plan_features.folder_of(unit.file), strings=ev.strings, conditions=ev.conditions,
                          edited=sorted(set(raw)))
         if tier != "none":
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)

@@ -10,9 +10,10 @@ from typing import Any
 
 from env import presets
 from sessions.plan import bridge_tests as plan_bridge_tests
+from sessions.plan import features as plan_features
 from sessions.plan import line_settings
 from sessions.plan import rules as plan_rules
-from sessions.plan.analysis import Analysis, ChangedUnit, _family_folder, _matches, is_doc, topic_hits
+from sessions.plan.analysis import Analysis, ChangedUnit, _matches, is_doc, topic_hits
 from sessions.plan.change import Change, _is_bridge_python
 from sessions.plan.rules import Family, Rule
 
@@ -133,7 +134,7 @@ class Plan:
 
 
 def family_for(path: str) -> Family | None:
-    folder = _family_folder(path)
+    folder = plan_features.folder_of(path)
     if folder is None:
         return None
     rest = path[len(plan_rules.MODELS) + len(folder) + 1:]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from env.protocol.child import pid_alive
 from env.settings import TOOL_PREFIX
 
 RUN_MARKER = "VERL_E2E_RUN"  # "<tool pid>:<run directory>", in the environment of everything a run starts
@@ -170,16 +171,6 @@ class Leftover:
     ray: bool  # a Ray daemon (gcs_server, raylet, ...): `ray stop --force` clears it
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def leftover_processes(log_dir: Path | None = None) -> list[Leftover]:
     """Processes started by an earlier run of this tool whose tool process is gone (Linux: /proc; else none);
     with `log_dir`, only those of run directories under it."""
@@ -201,7 +192,7 @@ def leftover_processes(log_dir: Path | None = None) -> list[Leftover]:
         if not tag or ":" not in tag:
             continue
         tool, _, run_dir = tag.partition(":")
-        if not tool.isdigit() or _alive(int(tool)):
+        if not tool.isdigit() or pid_alive(int(tool)):
             continue
         if log_dir is not None and Path(run_dir).parent != Path(log_dir).absolute():
             continue
