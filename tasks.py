@@ -172,10 +172,14 @@ def slurm(c, image, image_source, partition, gpus, gpus_per_node, nodes, cpus, t
         allow_local_logs=allow_local_logs, gpus=gpus, cpus=cpus, **numbers), config=c.config)
 
 
-SLURM_STATUS = FlagTable((
+# A detached job's two flags, shared by slurm-status and slurm-logs.
+SLURM_JOB = (
     Flag("job", None, "Slurm job id printed by `invoke slurm --detach` (J, or J.S for a step in an existing allocation)", required=True),
     Flag("log_dir", None, "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
          kind="path"),
+)
+SLURM_STATUS = FlagTable((
+    *SLURM_JOB,
     Flag("json", False, "print the state as JSON"),
 ))
 
@@ -196,9 +200,7 @@ def slurm_status(c, job, log_dir, json):
 
 
 SLURM_LOGS = FlagTable((
-    Flag("job", None, "Slurm job id printed by `invoke slurm --detach` (J, or J.S for a step in an existing allocation)", required=True),
-    Flag("log_dir", None, "LOG_DIR the job was submitted with (default: LOG_DIR / invoke.yaml / ./verl_e2e_logs)",
-         kind="path"),
+    *SLURM_JOB,
     Flag("follow", False, "keep printing until the job has finished; then exit with the task's code"),
 ))
 

@@ -153,7 +153,7 @@ class NeedleMatcher:
         self.needles = tuple(needles)
         self.database = None
         if use_hyperscan is not False:
-            self.database = _hyperscan_database(self.needles)
+            self.database = hyperscan_database(self.needles)
             if use_hyperscan and self.database is None:
                 raise RuntimeError("hyperscan is not importable")
         self.engine = "hyperscan" if self.database is not None else "bytes.find"
@@ -177,14 +177,17 @@ class NeedleMatcher:
             last_line = hi if end == -1 else end
 
 
-def _hyperscan_database(needles: Sequence[bytes]):
+def hyperscan_database(needles: Sequence[bytes], single_match: bool = False):
+    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed.
+    `single_match`: one report per literal per scan (enough to know which literals a line holds)."""
     try:
         import hyperscan
     except ImportError:
         return None
+    flag = hyperscan.HS_FLAG_SINGLEMATCH if single_match else 0
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     database.compile(expressions=[re.escape(n) for n in needles], ids=list(range(len(needles))),
-                     elements=len(needles), flags=[0] * len(needles))
+                     elements=len(needles), flags=[flag] * len(needles))
     return database
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sessions.judge.logstream import hyperscan_database
 from sessions.judge.patterns import PATTERNS, Pattern
 
 MAX_MEMO = 8192
@@ -25,7 +26,7 @@ class Dispatch:
                 groups.setdefault(literal.encode(), []).append(index)
         self.literals = tuple(groups)
         self.by_id = tuple(tuple(v) for v in groups.values())
-        self.database = None if use_hyperscan is False else _database(self.literals)
+        self.database = None if use_hyperscan is False else hyperscan_database(self.literals, single_match=True)
         self.engine = "hyperscan" if self.database is not None else "bytes in"
         self._memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 
@@ -48,17 +49,6 @@ class Dispatch:
         return found
 
 
-def _database(literals: Sequence[bytes]):
-    try:
-        import hyperscan
-    except ImportError:
-        return None
-    import re
-
-    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(expressions=[re.escape(lit) for lit in literals], ids=list(range(len(literals))),
-                     elements=len(literals), flags=[hyperscan.HS_FLAG_SINGLEMATCH] * len(literals))
-    return database
 
 
 DISPATCH = Dispatch(PATTERNS)
