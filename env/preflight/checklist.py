@@ -47,6 +47,7 @@ from env.preflight.checks_python import (
     check_uv,
     check_vllm_moe_kernels,
     choose_launcher,
+    compile_dirs,
 )
 from env.preflight.gpus import detect_gpus
 from env.preflight.modelopt import check_container_setup
@@ -124,7 +125,7 @@ def _combined(ctx: RunContext) -> tuple[dict, tuple[dict, bool]]:
 
     own = run_entries(Path(ctx.bridge.path), Path(ctx.verl.path))
     probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=_import_request(ctx),
-                          environ=ctx.environ,
+                          environ=ctx.environ, compile_dirs=compile_dirs(ctx),
                           ray={"address": "", "pythonpath": ctx.pythonpath,
                                "driver_pythonpath": _driver_pythonpath(ctx.environ, own)})
     raw = dict(probe.raw)
@@ -177,8 +178,20 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
         timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
         ctx.evidence["preflight_timings"] = {
             **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
-            "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from)}
+            "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from),
+            "inside_probe_s": _inside_probe(ctx)}
         ctx.facts.close()
+
+
+def _inside_probe(ctx: RunContext) -> dict:
+    """Where the heavy probe's own time went (precompile, then imports and the Ray cluster side by side)."""
+    if ctx.imports is None or "imports" in ctx.facts.cached_from:  # a cached answer's timings are not this run's
+        return {}
+    raw = ctx.imports.raw
+    inside = {k: raw[k] for k in ("imports_s", "ray_s") if k in raw}
+    if "s" in (raw.get("precompile") or {}):
+        inside["precompile_s"] = raw["precompile"]["s"]
+    return inside
 
 
 def _heavy_cannot_run(ctx: RunContext) -> str | None:
@@ -215,6 +228,8 @@ def timings_text(evidence: dict) -> str:
     if not t:
         return "# timings: none recorded"
     lines = [f"# timings (s): total {t['total_s']:.2f}, cheap phase {t['cheap_s']:.2f}"]
+    if t.get("inside_probe_s"):
+        lines.append("  inside the heavy probe: " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in t["inside_probe_s"].items()))
     for name, secs in t["facts_s"].items():
         lines.append(f"  {secs:6.2f}  {name}" + (f" ({t['cached'][name]})" if name in t["cached"] else ""))
     return "\n".join(lines)
