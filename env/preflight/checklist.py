@@ -47,7 +47,7 @@ from env.preflight.checks_python import (
     check_uv,
     check_vllm_moe_kernels,
     choose_launcher,
-    compile_request,
+    compile_dirs,
 )
 from env.preflight.gpus import detect_gpus
 from env.preflight.modelopt import check_container_setup
@@ -125,7 +125,7 @@ def _combined(ctx: RunContext) -> tuple[dict, tuple[dict, bool]]:
 
     own = run_entries(Path(ctx.bridge.path), Path(ctx.verl.path))
     probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=_import_request(ctx),
-                          environ=ctx.environ, **compile_request(ctx),
+                          environ=ctx.environ, compile_dirs=compile_dirs(ctx),
                           ray={"address": "", "pythonpath": ctx.pythonpath,
                                "driver_pythonpath": _driver_pythonpath(ctx.environ, own)})
     raw = dict(probe.raw)

@@ -110,13 +110,11 @@ def _import_request(ctx: RunContext) -> list[str]:
                          + bridge_modelopt_imports(Path(ctx.bridge.path)))
 
 
-def compile_request(ctx: RunContext) -> dict:
-    """The heavy probe's compile request: the packages it byte-compiles first, and where it keeps .pyc when the
-    user's Python may not write them (VERL_E2E_PRECOMPILE=0: nothing; the imports compile lazily, as before)."""
+def compile_dirs(ctx: RunContext) -> list[str] | None:
+    """What the heavy probe byte-compiles first (VERL_E2E_PRECOMPILE=0: nothing, the imports compile lazily)."""
     if not ctx.settings.values.get("precompile", True):
-        return {}
-    return {"compile_dirs": package_dirs(Path(ctx.bridge.path), Path(ctx.verl.path)),
-            "pycache": str(Path(ctx.settings.log_dir) / probe_cache.CACHE_DIR / "pyc")}
+        return None
+    return package_dirs(Path(ctx.bridge.path), Path(ctx.verl.path))
 
 
 def _heavy_imports(ctx: RunContext) -> ImportProbe:
@@ -125,7 +123,7 @@ def _heavy_imports(ctx: RunContext) -> ImportProbe:
 
     def run() -> tuple[dict, bool]:
         probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=modules,
-                              **compile_request(ctx))
+                              compile_dirs=compile_dirs(ctx))
         return probe.raw, True
 
     return ImportProbe(ctx.python, probe_cache.through(ctx, "imports", modules, run))

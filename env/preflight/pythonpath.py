@@ -92,43 +92,17 @@ def extensions(pkg):
                 if name.endswith(suffix):
                     found.add(name[: -len(suffix)])
     return sorted(found)
-def own_pycache(prefix):
-    # the user's Python may not write .pyc (PYTHONDONTWRITEBYTECODE): then this process alone keeps its own under
-    # the tool's cache folder (never in the checkouts, never for verl's run), so it compiles on every core once and
-    # the next probe (after an edit) recompiles only what changed
-    import os
-    if not (sys.dont_write_bytecode and prefix):
-        return False
-    sys.pycache_prefix, sys.dont_write_bytecode = prefix, False
-    os.environ["PYTHONPYCACHEPREFIX"] = prefix  # compileall's worker processes (forkserver on 3.12+) read it
-    return True
-def precompile(dirs, prefix):
+def precompile(dirs):
     # a fresh checkout has no .pyc: compiling it on all cores at once, before the imports, is cheaper than the
     # imports compiling it file by file on one; verl's own run then loads the same .pyc (Python writes them anyway)
-    import os, time
+    import compileall, os, time
     began = time.monotonic()
-    own = own_pycache(prefix)
-    if sys.dont_write_bytecode:
-        return {"skipped": "PYTHONDONTWRITEBYTECODE"}
-    import subprocess
-    files = [os.path.join(root, f) for d in dirs for root, _, names in os.walk(d) for f in names if f.endswith(".py")]
-    # plain child processes, one slice of the files each (compileall's own pool needs a main module on 3.12+)
-    n = max(1, min(os.cpu_count() or 1, len(files) // 50 or 1))
-    child = "import compileall, sys; sys.exit(0 if all([compileall.compile_file(f, quiet=2) " \
-            "for f in sys.stdin.read().split(chr(0)) if f]) else 1)"
-    try:
-        procs = [subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, text=True) for _ in range(n)]
-        for i, proc in enumerate(procs):
-            proc.stdin.write(chr(0).join(files[i::n]))
-            proc.stdin.close()
-        ok = all([proc.wait() == 0 for proc in procs])
-    finally:
-        if own:
-            os.environ.pop("PYTHONPYCACHEPREFIX", None)  # Ray's daemons, started next, get none
-    return {"s": round(time.monotonic() - began, 3), "ok": ok, "files": len(files), "processes": n,
-            "pycache": prefix if own else "beside the sources"}
-if req.get("compile"):
-    out["precompile"] = precompile(req["compile"], req.get("pycache"))
+    if sys.dont_write_bytecode or not dirs:
+        return {"skipped": "PYTHONDONTWRITEBYTECODE" if dirs else "nothing to compile"}
+    ok = all([compileall.compile_dir(d, quiet=2, workers=0) for d in dirs if os.path.isdir(d)])
+    return {"s": round(time.monotonic() - began, 3), "ok": ok, "dirs": dirs}
+if req.get("compile") is not None:
+    out["precompile"] = precompile(req["compile"])
 def run_imports():
     for mod in ("megatron.bridge", "megatron.core", "verl"):
         out[mod] = origin(mod, heavy)
@@ -375,15 +349,14 @@ def package_dirs(bridge_repo: Path, verl_repo: Path) -> list[str]:
 def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout: float = 300,
                   imports: list[str] | tuple[str, ...] = (), heavy: bool = True,
                   environ: dict[str, str] | None = None, ray: dict | None = None,
-                  compile_dirs: list[str] | None = None, pycache: str | None = None) -> ImportProbe:
+                  compile_dirs: list[str] | None = None) -> ImportProbe:
     """One probe process: origins of Bridge/core/verl (heavy: also imported), presence of PRESENCE, and the given
     imports. ray={"address", "pythonpath", "driver_pythonpath"}: the Ray worker probe runs in the same process, at
     the same time (raw["ray"] holds its answer). compile_dirs: byte-compiled on every core first
-    (raw["precompile"] says how long); pycache: where this process keeps .pyc when its Python may not write them."""
+    (raw["precompile"] says how long)."""
     env = dict(os.environ if environ is None else environ, PYTHONPATH=pythonpath)
     request_data: dict = {"heavy": heavy, "present": list(PRESENCE), "imports": list(imports),
-                          "extensions": list(EXTENSIONS), "compile": compile_dirs,
-                          "pycache": pycache}
+                          "extensions": list(EXTENSIONS), "compile": compile_dirs}
     if ray is not None:
         request_data["ray"] = {**ray, "function": RAY_FUNCTION}
         env.pop("RAY_ADDRESS", None)
