@@ -58,9 +58,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("python", "VERL_PYTHON", None, "Python that runs verl (default: python3 on PATH)", "path"),
     Setting("ray_probe", "VERL_E2E_RAY_PROBE", True,
             "preflight 3: ask a Ray worker which megatron.bridge it imports (starts Ray when no --ray-address)", "bool"),
-    Setting("precompile", "VERL_E2E_PRECOMPILE", True,
-            "preflight byte-compiles the Bridge, megatron.core and verl packages on every core before importing them",
-            "bool"),
     Setting("verbose", "VERL_E2E_VERBOSE", False, "stream the whole verl log to the terminal, not a status line", "bool"),
 )
 

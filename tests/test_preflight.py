@@ -203,32 +203,6 @@ def test_doctor_timings_shows_each_check_and_probe(workspace):
     assert re.search(r"^ +\d+\.\d\d  imports$", timings, re.M) and re.search(r"^ +\d+\.\d\d  locate$", timings, re.M)
 
 
-def _pyc_of(source: Path) -> list[Path]:
-    return list((source.parent / "__pycache__").glob(source.stem + ".*.pyc"))
-
-
-def test_the_heavy_probe_byte_compiles_the_checkouts_first_and_says_how_long(workspace):
-    """A cold host's preflight is mostly compiling fresh checkouts file by file as they import: the probe compiles
-    the three packages on every core first (a module nothing imports gets its .pyc too), and says how long it took."""
-    never_imported = workspace.bridge / "src/megatron/bridge/never_imported_fixture.py"
-    never_imported.write_text("VALUE = 1\n")
-    workspace.env["PYTHONDONTWRITEBYTECODE"] = ""  # this machine's default forbids .pyc; a GPU host's does not
-    off = workspace.invoke("doctor", "--timings", env={"VERL_E2E_PRECOMPILE": "0"})
-    assert off.returncode == 0, off.stdout + off.stderr
-    assert not _pyc_of(never_imported) and not re.search(r"inside the heavy probe: .*precompile", off.stdout)
-    never_imported.write_text("VALUE = 2\n")  # a new Bridge state: the probe cache does not answer
-    on = workspace.invoke("doctor", "--timings")
-    assert on.returncode == 0, on.stdout + on.stderr
-    assert _pyc_of(never_imported), "precompile did not compile the Bridge package"
-    assert re.search(r"inside the heavy probe: .*precompile \d+\.\d\d", on.stdout), on.stdout
-    # a user who forbids .pyc (PYTHONDONTWRITEBYTECODE) gets none written by the probe either
-    never_imported.write_text("VALUE = 3\n")
-    for pyc in _pyc_of(never_imported):
-        pyc.unlink()
-    forbidden = workspace.invoke("doctor", "--timings", env={"PYTHONDONTWRITEBYTECODE": "1"})
-    assert forbidden.returncode == 0 and not _pyc_of(never_imported), forbidden.stdout
-
-
 def test_the_image_python_is_the_default_launcher_even_with_uv_and_a_lock(workspace, monkeypatch):
     """verl HEAD's wrapper runs `uv run --frozen` unless VERL_USE_UV=0; the procedure runs the image's Python: the
     run gets VERL_USE_UV=0 and the probes ask that same Python."""

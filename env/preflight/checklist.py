@@ -47,7 +47,6 @@ from env.preflight.checks_python import (
     check_uv,
     check_vllm_moe_kernels,
     choose_launcher,
-    compile_dirs,
 )
 from env.preflight.gpus import detect_gpus
 from env.preflight.modelopt import check_container_setup
@@ -125,7 +124,7 @@ def _combined(ctx: RunContext) -> tuple[dict, tuple[dict, bool]]:
 
     own = run_entries(Path(ctx.bridge.path), Path(ctx.verl.path))
     probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=_import_request(ctx),
-                          environ=ctx.environ, compile_dirs=compile_dirs(ctx),
+                          environ=ctx.environ,
                           ray={"address": "", "pythonpath": ctx.pythonpath,
                                "driver_pythonpath": _driver_pythonpath(ctx.environ, own)})
     raw = dict(probe.raw)
@@ -184,13 +183,11 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
 
 
 def _inside_probe(ctx: RunContext) -> dict:
-    """Where the heavy probe's own time went (precompile, then imports and the Ray cluster side by side)."""
+    """Where the heavy probe's own time went: the imports and the Ray cluster start, side by side."""
     if ctx.imports is None or "imports" in ctx.facts.cached_from:  # a cached answer's timings are not this run's
         return {}
     raw = ctx.imports.raw
     inside = {k: raw[k] for k in ("imports_s", "ray_s") if k in raw}
-    if "s" in (raw.get("precompile") or {}):
-        inside["precompile_s"] = raw["precompile"]["s"]
     return inside
 
 

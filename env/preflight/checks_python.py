@@ -25,7 +25,6 @@ from env.preflight.pythonpath import (
     located,
     megatron_lm_empty,
     module_paths,
-    package_dirs,
     package_of,
     probe_imports,
     submodule_fix,
@@ -110,20 +109,12 @@ def _import_request(ctx: RunContext) -> list[str]:
                          + bridge_modelopt_imports(Path(ctx.bridge.path)))
 
 
-def compile_dirs(ctx: RunContext) -> list[str] | None:
-    """What the heavy probe byte-compiles first (VERL_E2E_PRECOMPILE=0: nothing, the imports compile lazily)."""
-    if not ctx.settings.values.get("precompile", True):
-        return None
-    return package_dirs(Path(ctx.bridge.path), Path(ctx.verl.path))
-
-
 def _heavy_imports(ctx: RunContext) -> ImportProbe:
     """The heavy probe (one process: every import question), through the probe cache."""
     modules = _import_request(ctx)
 
     def run() -> tuple[dict, bool]:
-        probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=modules,
-                              compile_dirs=compile_dirs(ctx))
+        probe = probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), imports=modules)
         return probe.raw, True
 
     return ImportProbe(ctx.python, probe_cache.through(ctx, "imports", modules, run))

@@ -92,17 +92,6 @@ def extensions(pkg):
                 if name.endswith(suffix):
                     found.add(name[: -len(suffix)])
     return sorted(found)
-def precompile(dirs):
-    # a fresh checkout has no .pyc: compiling it on all cores at once, before the imports, is cheaper than the
-    # imports compiling it file by file on one; verl's own run then loads the same .pyc (Python writes them anyway)
-    import compileall, os, time
-    began = time.monotonic()
-    if sys.dont_write_bytecode or not dirs:
-        return {"skipped": "PYTHONDONTWRITEBYTECODE" if dirs else "nothing to compile"}
-    ok = all([compileall.compile_dir(d, quiet=2, workers=0) for d in dirs if os.path.isdir(d)])
-    return {"s": round(time.monotonic() - began, 3), "ok": ok, "dirs": dirs}
-if req.get("compile") is not None:
-    out["precompile"] = precompile(req["compile"])
 def run_imports():
     for mod in ("megatron.bridge", "megatron.core", "verl"):
         out[mod] = origin(mod, heavy)
@@ -340,23 +329,15 @@ class ProbeError(Exception):
     pass
 
 
-def package_dirs(bridge_repo: Path, verl_repo: Path) -> list[str]:
-    """The checkouts' packages the heavy probe imports (what precompile compiles): Bridge, megatron.core, verl."""
-    return [str(Path(bridge_repo) / "src" / "megatron" / "bridge"),
-            str(Path(bridge_repo) / MEGATRON_LM / "megatron" / "core"), str(Path(verl_repo) / "verl")]
-
-
 def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout: float = 300,
                   imports: list[str] | tuple[str, ...] = (), heavy: bool = True,
-                  environ: dict[str, str] | None = None, ray: dict | None = None,
-                  compile_dirs: list[str] | None = None) -> ImportProbe:
+                  environ: dict[str, str] | None = None, ray: dict | None = None) -> ImportProbe:
     """One probe process: origins of Bridge/core/verl (heavy: also imported), presence of PRESENCE, and the given
     imports. ray={"address", "pythonpath", "driver_pythonpath"}: the Ray worker probe runs in the same process, at
-    the same time (raw["ray"] holds its answer). compile_dirs: byte-compiled on every core first
-    (raw["precompile"] says how long)."""
+    the same time (raw["ray"] holds its answer)."""
     env = dict(os.environ if environ is None else environ, PYTHONPATH=pythonpath)
     request_data: dict = {"heavy": heavy, "present": list(PRESENCE), "imports": list(imports),
-                          "extensions": list(EXTENSIONS), "compile": compile_dirs}
+                          "extensions": list(EXTENSIONS)}
     if ray is not None:
         request_data["ray"] = {**ray, "function": RAY_FUNCTION}
         env.pop("RAY_ADDRESS", None)
