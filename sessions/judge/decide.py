@@ -26,6 +26,7 @@ from sessions.judge.evidence import (
     _text,
     parse_metrics,
 )
+from sessions.judge.frames import frame_category
 from sessions.judge.logstream import normalise
 from sessions.judge.patterns import (
     CATEGORY_HINTS,
@@ -41,7 +42,6 @@ from sessions.judge.structure import (
     category_from_structure,
     exception_type,
     failure_signature,
-    frame_category,
     method_area,
 )
 
@@ -74,6 +74,10 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     if specific:
         return specific[0]
     plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method and not e.cut]
+    driver = ev.driver_failure_seq
+    chain = [e for e in plain if driver is not None and e.source is None and e.seq >= driver]
+    if chain:  # the driver failed: its chain names the failure (a worker's earlier traceback may be a thread's)
+        return chain[0]
     if plain:  # the first plain exception line: in a Ray chain, the innermost remote exception
         return plain[0]
     wrappers = [e for e in real if e.wrapper_method and not e.log_error]
@@ -117,6 +121,11 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         area = "training"  # TaskRunner.run() -> trainer.fit(): raised in the training loop
     if area == "setup" and (event.step > 0 or ev.reached >= PHASE_INDEX["training"]):
         area = None  # TaskRunner.run() holds the whole loop: "setup" only before any worker trained
+    # the innermost verl frame's function is finer than the Ray method around it (`_build_rollout` in init_model,
+    # `_load_checkpoint` in TaskRunner.run(), `update_params` of the sharding manager in generate_sequences)
+    where = event.where or next((e.where for e in reversed(events) if e.where), None)
+    if not (area == "reward" and where in ("model-build", "training")):  # the role `rm` stays the reward model
+        area = where or area
     phase = AREA_PHASES.get(area, event.phase) if area else event.phase
     building = area in ("model-build", "worker-creation") if area else ev.reached < PHASE_INDEX["model-built"]
     frames = event.area if event.area and not event.wrapper_method else None
@@ -127,8 +136,8 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     exc = event.wrapped or exception_type(event.text) or next((e.wrapped for e in reversed(events) if e.wrapped),
                                                                None)
     pattern = event.pattern
-    found.update(looked_at=["method", "frames", "message"], method=method, method_area=area, frames=frames,
-                 exception=exc, message=pattern.name if pattern else None)
+    found.update(looked_at=["method", "function", "frames", "message"], method=method, function_area=where,
+                 method_area=area, frames=frames, exception=exc, message=pattern.name if pattern else None)
     if event.extension:
         found.update(message="missing compiled extension", decided_by="message")
         return _result(ev, event, "Blocked", "env-dependency", phase,
@@ -145,19 +154,22 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         found["decided_by"] = "exception type"
         return _result(ev, event, "Fail", wrapped[-1], phase, None)
     structural = category_from_structure(area, frames, exc, building)
-    if named and structural not in ("checkpoint", "weight-sync"):  # the message names the place itself
+    if named and not structural:  # (c) the message names what the structure cannot tell
         found["decided_by"] = "message"
         category, hint = pattern.category, pattern.hint
         if category == "provider" and phase == "checkpoint":
             category, hint = "checkpoint", None
         return _result(ev, event, "Fail", category, phase, hint)
     if structural:
-        found["decided_by"] = "method" if area and structural != frames else "frames"
+        found["decided_by"] = ("frames" if not area or structural == frames else
+                               "function" if area == where else "method")
         hint = pattern.hint if named and pattern.category == structural else None
         if structural == "provider" and LORA_RE.search(event.text):
             hint = H_LORA
-        if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and area == "setup":
+        if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and area in ("setup", "data"):
             return _result(ev, event, "Blocked", "data", phase, None)
+        if structural == "env-no-gpu":  # verl's own resource check refused the cluster: environment evidence
+            return _result(ev, event, "Blocked", structural, phase, None)
         return _result(ev, event, "Fail", structural, phase, hint)
     if wrapped:  # RayTaskError(ModuleNotFoundError) in a worker: its PYTHONPATH
         found["decided_by"] = "exception type"
@@ -314,6 +326,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             ev.seq + 1, line.source, line.inner, "a traceback without its exception line (the log is cut): "
             + line.text.strip(), None, ev.phase, ev.max_step,
             area=ev.areas.get(line.source) or ev.areas.get(ANY_SOURCE), cut=True,
+            where=ev.wheres.get(line.source) or ev.wheres.get(ANY_SOURCE),
         )]
     decisive = _decisive(ev, events)
     extension = _missing_extension(ev, events)

@@ -512,8 +512,8 @@ WRAPPED_CATEGORIES = {
     "ActorDiedError": "actor-died", "OutOfMemoryError": "oom", "DistBackendError": "nccl",
     "DistStoreError": "hang", "ModuleNotFoundError": "env-ray-import",
 }
-# A traceback frame line (its package is classified in structure.py).
-FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+""")
+# A traceback frame line: its file (the package, frames.py) and its function (verl's loop area, frames.py).
+FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+(?:, in (\S+))?""")
 # A nested failure in a rollout server (vLLM) names the rollout category when the innermost line is generic.
 ROLLOUT_SOURCE_RE = re.compile(r"vLLM|EngineCore|AgentLoop|sglang|generate_sequences|launch_server")
 

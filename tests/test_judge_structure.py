@@ -1,0 +1,137 @@
+"""Categories from the structure of a failure (issue #25 items 1-3): the Ray method that raised, the function of the
+innermost verl frame, the packages of the frames nearest the exception, then the message.
+
+The fixture logs in tests/logs/structure/ are shaped like real verl output (driver tracebacks with nested
+`RayTaskError(X): ray::...` chains, frames relayed through `(TaskRunner pid=N)`, vLLM's logger-prefixed tracebacks,
+the old `main_task` driver, Ascend NPU, install prefixes under conda envs); none of them is in the development set.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sessions.judge.frames import frame_area, frame_category, module_path
+from sessions.judge.logstream import NeedleMatcher
+from sessions.judge.patterns import H_DISK
+from sessions.judge.structure import method_area
+from sessions.judge.verdict import SCAN_NEEDLES_BYTES, judge_lines, judge_log
+
+LOGS = Path(__file__).parent / "logs" / "structure"
+
+# fixture -> (result, category, what decided it); `None`: not checked
+CASES = {
+    # (a) the Ray method, and the function of the innermost verl frame inside it
+    "init_model_build_rollout_vllm_kv_cache": ("Fail", "rollout", None),  # init_model -> _build_rollout -> vllm
+    "init_model_mbridge_keyerror": ("Fail", "provider", "frames"),
+    "init_model_worker_frames_cut": ("Fail", "unknown", "none"),  # model build, but of what: not shown
+    "rm_compute_rm_score_runtimeerror": ("Fail", "reward-model", None),
+    "rm_init_model_weights_missing": ("Fail", "reward-model", "method"),  # the role `rm_`, not `_build_model`
+    "driver_load_checkpoint_assertion": ("Fail", "checkpoint", "function"),  # no worker method at all
+    "generate_sequences_sharding_manager_keyerror": ("Fail", "weight-sync", "function"),
+    "update_weights_bridge_export": ("Fail", "weight-sync", "function"),
+    "unhandled_save_checkpoint_relayed": ("Fail", "checkpoint", None),
+    "taskrunner_create_rl_dataset_missing_parquet": ("Blocked", "data", None),
+    "taskrunner_config_post_init": ("Fail", "config", None),
+    "taskrunner_resource_pool_check": ("Blocked", "env-no-gpu", "function"),
+    "main_task_compute_log_prob_oom": ("Fail", "oom", "message"),  # a named cause wins wherever it is
+    # (b) the packages of the frames
+    "conda_env_named_vllm_actor_build": ("Fail", "unknown", None),  # `envs/vllm/` is no vLLM frame
+    "mcore_frames_in_training": ("Fail", "unknown", None),  # megatron.core outside model build: not the provider
+    "mcore_frames_while_building": ("Fail", "provider", None),
+    "npu_hccl_init_frames": ("Fail", "nccl", "frames"),
+    "validate_reward_score_crash": ("Fail", "reward-model", "frames"),
+    "dataloader_worker_keyerror": ("Fail", "data", "frames"),
+    "model_merger_safetensors": ("Fail", "checkpoint", "frames"),
+    "vllm_logger_traceback_launch_server": ("Fail", "rollout", None),
+    "thread_traceback_before_driver_chain": ("Fail", "data", "frames"),  # the driver's chain, not a thread's
+    # completion: a planned total not reached
+    "tqdm_total_not_reached": ("Fail", "unknown", None),
+    "config_dump_total_not_reached": ("Fail", "unknown", None),
+    "wrapper_trace_total_not_reached": ("Fail", "unknown", None),
+    # environment faults: Blocked before training, Fail (same category, the environment hint) after steps ran
+    "disk_full_downloading_before_training": ("Blocked", "env-disk", None),
+    "disk_full_saving_at_step_400": ("Fail", "env-disk", None),
+}
+
+
+def test_every_fixture_has_a_case():
+    assert {p.stem for p in LOGS.glob("*.log")} == set(CASES)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_structural_category(name):
+    result, category, decided_by = CASES[name]
+    verdict = judge_log(LOGS / f"{name}.log")
+    assert (verdict.result, verdict.category) == (result, category), (verdict.first_error,
+                                                                      verdict.category_evidence)
+    if decided_by:
+        assert verdict.category_evidence["decided_by"] == decided_by, verdict.category_evidence
+    if verdict.category_evidence["decided_by"] not in ("success", "no error line"):  # the JSON says what was read
+        assert verdict.category_evidence["looked_at"] == ["method", "function", "frames", "message"]
+    with open(LOGS / f"{name}.log", encoding="utf-8") as handle:  # the line reader agrees
+        lines = judge_lines(handle)
+    assert (lines.result, lines.category) == (result, category)
+    plain = judge_log(LOGS / f"{name}.log", matcher=NeedleMatcher(SCAN_NEEDLES_BYTES, use_hyperscan=False))
+    assert (plain.result, plain.category) == (result, category)
+
+
+def test_planned_totals_name_the_step_reached():
+    for name, total in (("tqdm_total_not_reached", 20), ("config_dump_total_not_reached", 50),
+                        ("wrapper_trace_total_not_reached", 4)):
+        verdict = judge_log(LOGS / f"{name}.log")
+        assert verdict.steps_expected == total
+        assert f"of {total}" in verdict.first_error and "no exception line" in verdict.first_error
+
+
+def test_an_environment_fault_after_training_steps_fails_with_its_hint():
+    verdict = judge_log(LOGS / "disk_full_saving_at_step_400.log")
+    assert verdict.steps_completed == 400 and verdict.hint == H_DISK
+    assert "No space left on device" in verdict.first_error
+
+
+def test_the_method_alone_names_model_build_but_not_the_provider():
+    evidence = judge_log(LOGS / "init_model_worker_frames_cut.log").category_evidence
+    assert evidence["method"] == "WorkerDict.actor_rollout_init_model"
+    assert evidence["method_area"] == "model-build" and evidence["frames"] is None
+
+
+@pytest.mark.parametrize("content, note", [(b"", "empty"), (b"\n  \n", "empty"), (os.urandom(4096), "binary"),
+                                           (b"\x7fELF\x02\x01\x01" + bytes(200) + b"RuntimeError: x", "binary")])
+def test_not_a_text_log(tmp_path, content, note):
+    path = tmp_path / "input.log"
+    path.write_bytes(content)
+    verdict = judge_log(path)
+    assert verdict.result == "Fail" and f"not a text log ({note})" in verdict.first_error
+
+
+@pytest.mark.parametrize("path, module", [
+    ("/opt/conda/envs/vllm/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py",
+     "torch/distributed/distributed_c10d.py"),
+    ("/root/verl/verl/workers/fsdp_workers.py", "verl/workers/fsdp_workers.py"),
+    ("/_work/verl/verl/verl/workers/engine/megatron/transformer_impl.py",
+     "verl/workers/engine/megatron/transformer_impl.py"),
+    ("/root/miniforge3/envs/megatron/lib/python3.12/site-packages/mbridge/core/bridge.py", "mbridge/core/bridge.py"),
+    ("/usr/local/lib/python3.10/dist-packages/megatron_core-0.11.0-py3.10.egg/megatron/core/x.py", "megatron/core/x.py"),
+    ("/workspace/Megatron-Bridge/3rdparty/Megatron-LM/megatron/core/utils.py", "megatron/core/utils.py"),
+    ("<stack>/ray/_private/worker.py", "ray/_private/worker.py"),
+    ("/data/datasets/my_project/reward.py", None),
+    ("/usr/lib/python3.12/asyncio/runners.py", None),
+])
+def test_module_path_ignores_the_install_prefix(path, module):
+    assert module_path(path) == module
+
+
+def test_frame_tables():
+    assert frame_category("/x/site-packages/vllm/v1/engine/core.py") == "rollout"
+    assert frame_category("/x/verl/verl/workers/reward_model/sglang_reward.py") == "reward-model"
+    assert frame_category("/x/site-packages/torch/distributed/fsdp/_flat_param.py") is None  # FSDP, no collective
+    assert frame_category("/x/verl/verl/checkpoint_engine/nccl_checkpoint_engine.py") == "weight-sync"
+    assert frame_area("/x/verl/verl/workers/fsdp_workers.py", "_build_rollout") == "rollout"
+    assert frame_area("/x/site-packages/vllm/worker/worker.py", "update_weights") is None  # vLLM's, not verl's
+    assert method_area("WorkerDict.rm_compute_rm_score") == "reward"
+    assert method_area("WorkerDict.actor_rollout_update_actor") == "training"
+    assert method_area("CheckpointEngineWorker.send_weights") == "weight-sync"
+    assert method_area("DAPOTaskRunner.run") == "setup"
