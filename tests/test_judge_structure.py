@@ -47,7 +47,10 @@ CASES = {
     "model_merger_safetensors": ("Fail", "checkpoint", "frames"),
     "vllm_logger_traceback_launch_server": ("Fail", "rollout", None),
     "thread_traceback_before_driver_chain": ("Fail", "data", "frames"),  # the driver's chain, not a thread's
-    # completion: a planned total not reached
+    # completion: a planned total not reached, an exception after the last step of a run without one
+    "unhandled_generate_after_steps_no_total": ("Fail", "rollout", None),
+    "cut_traceback_after_steps_no_total": ("Fail", "unknown", None),
+    "complete_then_thread_traceback": ("Pass", "success", None),
     "tqdm_total_not_reached": ("Fail", "unknown", None),
     "config_dump_total_not_reached": ("Fail", "unknown", None),
     "wrapper_trace_total_not_reached": ("Fail", "unknown", None),

@@ -206,13 +206,15 @@ def _result(ev: Evidence, event: _ErrorEvent, result: str, category: str, phase:
     return result, category, phase, hint
 
 
-def _fatal_after_completion(ev, events: list[_ErrorEvent]) -> list[_ErrorEvent]:
-    """Errors after the run completed that still fail it: the driver failing, a dead actor, a named cause."""
+def _fatal_after_completion(ev, events: list[_ErrorEvent], shown_only: bool) -> list[_ErrorEvent]:
+    """Errors after the run completed that still fail it: the driver failing, a dead actor, a named cause.
+    `shown_only`: "complete" means only "it shows steps" (no planned total, no end marker): then any exception
+    after the last step ends it (an excerpt that ends in a traceback did not finish), not a logger's ERROR line."""
     driver = ev.driver_failure_seq
     return [
         e for e in events if not e.noise and (
             (driver is not None and e.source is None and e.seq >= driver) or e.specific
-            or (e.wrapper_method and e.source is None)
+            or (e.wrapper_method and e.source is None) or (shown_only and not e.log_error)
         )
     ]
 
@@ -345,7 +347,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         limitations.append("run interrupted before it ended: not evidence for or against the Bridge provider")
     elif complete:
         phase = "shutdown"
-        fatal = _fatal_after_completion(ev, events)
+        fatal = _fatal_after_completion(ev, events, not expected and not ev.bar_complete and not ev.final_validation)
         late_noise = [e.shown() for e in events if e.noise or e not in fatal]
         residual = list(dict.fromkeys(ev.noise_after_last_step + late_noise))[:MAX_NOISE]
         if ev.nan_findings:
