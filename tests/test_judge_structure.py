@@ -47,6 +47,9 @@ CASES = {
     "model_merger_safetensors": ("Fail", "checkpoint", "frames"),
     "vllm_logger_traceback_launch_server": ("Fail", "rollout", None),
     "thread_traceback_before_driver_chain": ("Fail", "data", "frames"),  # the driver's chain, not a thread's
+    # (c) the message, where structure says nothing
+    "hydra_override_parse_exception": ("Fail", "config", "message"),
+    "ray_resource_request_warning_only": ("Blocked", "env-no-gpu", "message"),
     # completion: a planned total not reached, an exception after the last step of a run without one
     "unhandled_generate_after_steps_no_total": ("Fail", "rollout", None),
     "cut_traceback_after_steps_no_total": ("Fail", "unknown", None),

@@ -190,7 +190,9 @@ def _p(*args, **kwargs) -> Pattern:
 PATTERNS: tuple[Pattern, ...] = (
     # -- lines that look like errors but are not (healthy runs print them) --------------------------------------
     _p("optional-engine", "not available", r"engine is not available|is not available, (?:skip|fall)", "ignore"),
-    _p("py-warning", "arn", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker)|warnings\.warn\(", "ignore"),
+    # Ray's "Warning: The following resource request cannot be scheduled" is evidence (ray-unschedulable)
+    _p("py-warning", "arn", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker|The following resource request)|"
+       r"warnings\.warn\(", "ignore"),
     _p("log-warning", "W", r"^(?:\[?W\d{4} |WARNING[ :\]]|\[WARNING\]|\S+ WARNING |\(\w+\) WARNING |"
        r"\[[\d\- :,]+\] WARNING)", "ignore"),
     _p("failed-import-warning", "Failed to import", r"Failed to import from", "ignore"),
@@ -444,8 +446,9 @@ PATTERNS: tuple[Pattern, ...] = (
        any_of=("must be", "should be")),
     _p("reward-fn", "eward", r"Reward function is not implemented|reward function .*not (?:implemented|found)",
        "error", category="reward-model", result="fail", covered_by="rror", also=("not implemented", "not found")),
-    _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|ConfigCompositionException|ConfigKeyError|"
-       r"ConfigAttributeError", "error", category="config", result="fail", covered_by="rror"),
+    _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|"
+       r"ConfigKeyError|ConfigAttributeError", "error", category="config", result="fail", covered_by="rror",
+       any_of=("omegaconf", "hydra.errors", "ConfigCompositionException", "ConfigKeyError", "ConfigAttributeError")),
     _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
        result="fail", covered_by="rror"),
     _p("actor-died", "", r"ActorDiedError(?!: The actor died because of an error raised in its "
