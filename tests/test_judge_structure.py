@@ -141,3 +141,25 @@ def test_frame_tables():
     assert method_area("WorkerDict.actor_rollout_update_actor") == "training"
     assert method_area("CheckpointEngineWorker.send_weights") == "weight-sync"
     assert method_area("DAPOTaskRunner.run") == "setup"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("slurmstepd: error: *** STEP 4242.0 ON gpu01 CANCELLED AT 2025-09-01T10:00:00 DUE TO TIME LIMIT ***",
+     ("Blocked", "interrupted")),
+    ("slurmstepd: error: Detected 1 oom_kill event in StepId=4242.0. Some of the step tasks have been OOM Killed.",
+     ("Fail", "oom")),
+    ("AssertionError: Torch not compiled with CUDA enabled", ("Blocked", "env-dependency")),
+    ("RuntimeError: NCCL Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details)", ("Fail", "nccl")),
+    ("ray.exceptions.OutOfDiskError: Local disk is full", ("Blocked", "env-disk")),
+    ("ray.exceptions.RuntimeEnvSetupError: Failed to set up runtime environment.", ("Blocked", "env-ray-import")),
+    ("RuntimeError: Failed to infer device type", ("Blocked", "env-no-gpu")),
+    ("huggingface_hub.errors.GatedRepoError: 401 Client Error.", ("Blocked", "data")),
+    ("FileNotFoundError: [Errno 2] No such file or directory: '/models/Qwen2.5-7B/config.json'", ("Blocked", "data")),
+    ("FileNotFoundError: [Errno 2] No such file or directory: '/ckpt/global_step_40/actor/huggingface/config.json'",
+     ("Fail", "checkpoint")),
+    ("omegaconf.errors.ConfigAttributeError: Key 'foo' is not in struct", ("Blocked", "config")),
+    ("ConfigAttributeError: Missing key rollout_n", ("Fail", "config")),
+])
+def test_a_message_names_what_the_structure_cannot(line, expected):
+    verdict = judge_lines(["(TaskRunner pid=1) Training Progress:   0%|          | 0/5 [00:00<?, ?it/s]", line])
+    assert (verdict.result, verdict.category) == expected, verdict.first_error

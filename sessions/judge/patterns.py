@@ -344,6 +344,14 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("disk-full", "No space", r"No space left on device", "error", category="env-disk", result="blocked"),
     _p("disk-quota", "quota exceeded", r"[Dd]isk quota exceeded", "error", category="env-disk", result="blocked",
        covered_by="rror"),
+    _p("ray-disk", "OutOfDiskError", r"OutOfDiskError", "error", category="env-disk", result="blocked",
+       covered_by="rror"),
+    _p("ray-runtime-env", "RuntimeEnvSetupError", r"RuntimeEnvSetupError", "error", category="env-ray-import",
+       result="blocked", covered_by="rror",
+       hint="Ray could not set up the workers' runtime_env (pip/conda/working_dir): read the runtime_env log and "
+            "the ray_kwargs.ray_init.runtime_env overrides."),
+    _p("no-device", "infer device type", r"Failed to infer device type", "error", category="env-no-gpu",
+       result="blocked", covered_by="rror"),
     _p("data-parquet", "parquet", r"(?:FileNotFoundError|No such file or directory|does not exist|Unable to find)"
        r".*\.parquet",
        "error", category="data", result="blocked", covered_by="rror"),
@@ -359,11 +367,17 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("model-missing", "", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
        r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id|"
        r"Can't load (?:tokenizer|the configuration|config) for|LocalEntryNotFoundError|"
-       r"couldn't connect to 'https://huggingface\.co'", "error",
+       r"couldn't connect to 'https://huggingface\.co'|GatedRepoError|RepositoryNotFoundError|"
+       r"(?:MaxRetryError|ConnectTimeoutError|NameResolutionError|ConnectionError)\b.*huggingface\.co|"
+       # a model file, not a checkpoint's (those are checkpoint failures)
+       r"No such file or directory: '(?![^']*global_step)[^']*(?:/config\.json|/tokenizer(?:_config)?\.json|"
+       r"\.safetensors|/pytorch_model[\w.-]*\.bin)'", "error",
        category="data", result="blocked",
        hint="The model path does not hold a Hugging Face model (config.json): check MODEL_PATH "
             "(`invoke download-model`).",
-       any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load", "LocalEntryNotFoundError", "couldn't connect")),
+       any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load",
+               "LocalEntryNotFoundError", "couldn't connect", "GatedRepoError", "RepositoryNotFoundError",
+               "huggingface.co", "No such file or directory")),
     _p("ray-init", "", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
        category="env-ray-import", result="blocked",
@@ -376,10 +390,18 @@ PATTERNS: tuple[Pattern, ...] = (
        r"requires? \d+ gpus?.*(?:only|but) \d+", "error", category="env-no-gpu", result="blocked",
        covered_by="rror", any_of=("GPU", "gpu", "devices", "DEVICES"),
        also=("not enough", "insufficient", "is less than", "require")),
+    # Slurm stopped the step (time limit, scancel, preemption): the launcher, not the run (`slurmstepd: error: ***`)
+    _p("slurm-cancelled", "CANCELLED AT", r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT", "error",
+       category="interrupted", result="blocked", covered_by="rror"),
+    _p("torch-no-cuda", "not compiled with CUDA", r"Torch not compiled with CUDA enabled", "error",
+       category="env-dependency", result="blocked", covered_by="rror",
+       hint="The run's torch has no CUDA (a CPU, ROCm or NPU build): install the CUDA build of torch the image expects."),
     _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
        result="blocked"),
     # -- named causes that fail the run ------------------------------------------------------------------------
     _p("cuda-oom", "ut of memory", r"[Oo]ut of memory", "error", category="oom", result="fail", covered_by="emory"),
+    _p("cgroup-oom", "oom_kill", r"Detected \d+ oom[_-]kill events?", "error", category="oom", result="fail",
+       covered_by="rror", any_of=("oom_kill", "oom-kill")),
     _p("oom-error", "OutOfMemoryError", r"OutOfMemoryError", "error", category="oom", result="fail",
        covered_by="rror"),
     _p("ray-oom", "low on memory", r"running low on memory", "error", category="oom", result="fail",
@@ -399,7 +421,8 @@ PATTERNS: tuple[Pattern, ...] = (
             "the image or the device visibility; not a Bridge provider failure."),
     _p("gloo-timeout", "imed out", r"Timed out waiting \d+ ?ms for (?:recv|send)|gloo.*[Tt]imed out", "error",
        category="hang", result="fail"),
-    _p("nccl-error", "", r"NCCL error|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was aborted",
+    _p("nccl-error", "", r"NCCL [Ee]rror|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was "
+       r"aborted|retrieving ncclUniqueId",
        "error", category="nccl", result="fail",
        any_of=("NCCL", "nccl", "DistBackendError", "DistNetworkError")),
     _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
@@ -416,6 +439,8 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("dist-ckpt", "heckpoint", r"CheckpointingException|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)", "error",
        category="checkpoint", result="fail",
        also=("CheckpointingException", "rror", "failed", "mismatch", "corrupt")),
+    _p("ckpt-file-missing", "global_step_", r"No such file or directory: '[^']*global_step_\d+", "error",
+       category="checkpoint", result="fail", covered_by="rror"),
     _p("state-dict", "", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for|"
        r"Error\(s\) in loading state_dict", "error",
        category="provider", result="fail", hint="Weights and model do not match: check the provider's param "
