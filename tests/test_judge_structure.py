@@ -163,3 +163,16 @@ def test_frame_tables():
 def test_a_message_names_what_the_structure_cannot(line, expected):
     verdict = judge_lines(["(TaskRunner pid=1) Training Progress:   0%|          | 0/5 [00:00<?, ?it/s]", line])
     assert (verdict.result, verdict.category) == expected, verdict.first_error
+
+
+def test_an_info_line_is_no_error_evidence():
+    info = "(vLLMHttpServer pid=3) INFO 09-01 10:00:00 [gpu_worker.py:100] lower gpu_memory_utilization if you see out of memory errors"
+    done = ["(TaskRunner pid=1) Total training steps: 1",
+            "(TaskRunner pid=1) step:1 - training/global_step:1 - actor/pg_loss:0.1", info]
+    assert judge_lines(done).result == "Pass"
+    failing = ["(TaskRunner pid=1) Total training steps: 2",
+               "(TaskRunner pid=1) step:1 - training/global_step:1 - actor/pg_loss:0.1", info,
+               "ray.exceptions.RayTaskError(RuntimeError): ray::WorkerDict.actor_rollout_generate_sequences() (pid=2)",
+               "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    verdict = judge_lines(failing)
+    assert (verdict.result, verdict.category) == ("Fail", "rollout"), verdict.first_error

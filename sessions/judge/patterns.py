@@ -195,6 +195,9 @@ PATTERNS: tuple[Pattern, ...] = (
        r"warnings\.warn\(", "ignore"),
     _p("log-warning", "W", r"^(?:\[?W\d{4} |WARNING[ :\]]|\[WARNING\]|\S+ WARNING |\(\w+\) WARNING |"
        r"\[[\d\- :,]+\] WARNING)", "ignore"),
+    # an INFO-level logger line (Python logging, vLLM, glog `I0901 ...`) reports, it does not fail: no error evidence
+    _p("log-info", "INFO", r"^(?:INFO[ :]|\[I\d{4} |\[INFO\]|\S+ INFO |\(\w+\) INFO |\[[\d\- :,]+\] INFO|"
+       r"\d{4}-\d\d-\d\d[ T][\d:,.]+ INFO )", "ignore", any_of=("INFO", "[I")),
     _p("failed-import-warning", "Failed to import", r"Failed to import from", "ignore"),
     # -- shutdown chatter: residual noise after the run completed -----------------------------------------------
     _p("resource-tracker", "resource_tracker", r"resource_tracker", "noise"),
