@@ -176,3 +176,20 @@ def test_an_info_line_is_no_error_evidence():
                "RuntimeError: CUDA error: an illegal memory access was encountered"]
     verdict = judge_lines(failing)
     assert (verdict.result, verdict.category) == ("Fail", "rollout"), verdict.first_error
+
+
+def test_a_logged_error_line_alone_names_no_cause():
+    logged = "(AgentLoopWorker pid=7) ERROR [/root/verl/verl/experimental/agent_loop/tool_parser.py] Failed to decode"
+    verdict = judge_lines(["(TaskRunner pid=1) Total training steps: 9",
+                           "(TaskRunner pid=1) step:1 - training/global_step:1 - actor/pg_loss:0.1", logged])
+    assert (verdict.result, verdict.category) == ("Fail", "unknown")
+    assert verdict.first_error.startswith("no exception line in the log; it ends after step 1 of 9")
+    assert "Failed to decode" in verdict.first_error
+    # vLLM's logger-prefixed traceback cut before its exception line is still a traceback in vLLM's frames
+    cut = ["(vLLMHttpServer pid=5) (EngineCore_DP0 pid=6) ERROR 06-16 03:57:27 [core.py:68] Traceback (most recent "
+           "call last):",
+           '(vLLMHttpServer pid=5) (EngineCore_DP0 pid=6) ERROR 06-16 03:57:27 [core.py:68]   File '
+           '"/vllm/vllm/v1/engine/core.py", line 109, in __init__',
+           "(vLLMHttpServer pid=5) (EngineCore_DP0 pid=6) ERROR 06-16 03:57:27 [core.py:68]     num_gpu_blocks = "
+           "self._initialize_kv_caches("]
+    assert (judge_lines(cut).result, judge_lines(cut).category) == ("Fail", "rollout")

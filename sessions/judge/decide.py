@@ -91,6 +91,11 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
 
 
 
+def _logged_only(event: _ErrorEvent) -> bool:
+    """A logger's ERROR line that names no cause (not Hydra's "Error executing job": the driver failing)."""
+    return event.log_error and event.pattern is None and not event.text.startswith("Error executing job")
+
+
 def _missing_extension(ev: Evidence, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     """An error naming a compiled extension the engine reported missing earlier (`No module named
     'vllm._moe_C_stable_libtorch'`, then `'_moe_C' object has no attribute 'topk_softmax'`): that missing module is
@@ -371,7 +376,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         verdict.residual_noise = residual[:MAX_NOISE]
         if verdict.residual_noise and result == "Pass":
             limitations.append("shutdown warnings after the last step (residual noise)")
-    elif decisive is not None and ev.termination != "timeout":
+    elif decisive is not None and ev.termination != "timeout" and not _logged_only(decisive):
         result, category, phase, hint = _classify(ev, decisive, events, found)
         first_error = decisive.shown()
     elif ev.termination == "timeout":
@@ -390,6 +395,9 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             first_error = f"exit 0 but no exception line in the log; {ends}"
         else:
             first_error = f"no exception line in the log; {ends}"
+        if decisive is not None:  # only a logger's ERROR line: it reports, it does not say why the run stopped
+            first_error += f"; last logged error: {decisive.shown()}"
+            found = {"looked_at": ["message"], "decided_by": "a logger's ERROR line only (no exception)"}
         if ev.input_note:
             first_error = f"the file is not a text log ({ev.input_note}): {first_error}"
         hint = (

@@ -43,7 +43,7 @@ STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
 # vLLM logs a failing engine's traceback through its logger, one `ERROR MM-DD hh:mm:ss [file.py:N] ` per line: the
 # frames and the exception line behind it are read as a traceback's
-VLLM_ERROR_RE = re.compile(r"ERROR \d\d-\d\d [\d:.]+ \[[\w.\-]+:\d+\] (?=\s*(?:File \"|Traceback|\w+(?:\.\w+)*: ))")
+VLLM_ERROR_RE = re.compile(r"ERROR \d\d-\d\d [\d:.]+ \[[\w.\-]+:\d+\] (?=\s|Traceback|\w+(?:\.\w+)*: )")
 LOG_ERROR_RE = re.compile(r"^(?:ERROR[ :]|\[?E\d{4} |\[ERROR\]|\S+ ERROR |\w+ \d+ [\d:]+ ERROR )")
 VAL_METRIC_RE = re.compile(r"^\s*val[\w-]*/[\w/@.\-]+:\s*[-+\d.(np]")  # `val/test_score/x:0.5`
 VAL_ONLY_RE = re.compile(r"^\s*(?:val[\w-]*/[^:\s]+:[^ ]+(?: - |\s*$))+$")
