@@ -135,6 +135,7 @@ def test_frame_tables():
     assert frame_category("/x/verl/verl/workers/reward_model/sglang_reward.py") == "reward-model"
     assert frame_category("/x/site-packages/torch/distributed/fsdp/_flat_param.py") is None  # FSDP, no collective
     assert frame_category("/x/verl/verl/checkpoint_engine/nccl_checkpoint_engine.py") == "weight-sync"
+    assert frame_category("/x/verl/verl/models/registry.py") == "provider"  # verl's Megatron model registry
     assert frame_area("/x/verl/verl/workers/fsdp_workers.py", "_build_rollout") == "rollout"
     assert frame_area("/x/site-packages/vllm/worker/worker.py", "update_weights") is None  # vLLM's, not verl's
     assert method_area("WorkerDict.rm_compute_rm_score") == "reward"
@@ -159,6 +160,15 @@ def test_frame_tables():
      ("Fail", "checkpoint")),
     ("omegaconf.errors.ConfigAttributeError: Key 'foo' is not in struct", ("Blocked", "config")),
     ("ConfigAttributeError: Missing key rollout_n", ("Fail", "config")),
+    ("torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1])",
+     ("Fail", "checkpoint")),
+    ("AssertionError: data.train_batch_size (4) must be >= world_size (8)", ("Fail", "config")),
+    ("ray.exceptions.RaySystemError: System error: No module named 'verl'", ("Blocked", "env-ray-import")),
+    ("/usr/bin/python3: Error while finding module specification for 'verl.trainer.main_ppo' "
+     "(ModuleNotFoundError: No module named 'verl')", ("Blocked", "env-dependency")),
+    ("ValueError: The checkpoint you are trying to load has model type `qwen3` but Transformers does not recognize "
+     "this architecture.", ("Blocked", "env-dependency")),
+    ("OSError: You are trying to access a gated repo.", ("Blocked", "data")),
 ])
 def test_a_message_names_what_the_structure_cannot(line, expected):
     verdict = judge_lines(["(TaskRunner pid=1) Training Progress:   0%|          | 0/5 [00:00<?, ?it/s]", line])

@@ -283,6 +283,9 @@ PATTERNS: tuple[Pattern, ...] = (
     # -- named causes: positive environment evidence (Blocked) ---------------------------------------------------
     _p("worker-no-bridge", "No module named", r"No module named 'megatron\.bridge'", "error",
        category="env-ray-import", result="blocked"),
+    # the driver runs verl: a Ray task that cannot import it is a worker without the driver's PYTHONPATH
+    _p("worker-no-verl", "No module named", r"(?:RaySystemError|RayTaskError|RayActorError|ActorDiedError)\b.*"
+       r"No module named 'verl[.']", "error", category="env-ray-import", result="blocked"),
     _p("bridge-not-found", "Megatron-Bridge package not found", r"Megatron-Bridge package not found", "error",
        category="env-ray-import", result="blocked", covered_by="Bridge"),
     _p("bridge-submodule", "No module named", r"No module named 'megatron\.bridge\.[\w.]+'", "error",
@@ -327,6 +330,11 @@ PATTERNS: tuple[Pattern, ...] = (
        category="provider", result="fail",
        hint="verl imports a name this Bridge checkout does not have (API drift between verl and Bridge).",
        covered_by="rror"),
+    # a model type newer than the installed transformers (Qwen3, Gemma3 on an old image): a dependency version
+    _p("transformers-arch", "does not recognize this architecture",
+       r"Transformers does not recognize this architecture", "error", category="env-dependency", result="blocked",
+       covered_by="rror",
+       hint="The installed transformers is older than this model type: upgrade transformers in the run's Python."),
     _p("import-name", "cannot import name", r"cannot import name '\w+' from", "error", category="env-dependency",
        result="blocked", covered_by="rror"),
     _p("hydra-override", "Could not override", r"Could not override '([^']+)'", "error", category="config",
@@ -370,7 +378,7 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("model-missing", "", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
        r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id|"
        r"Can't load (?:tokenizer|the configuration|config) for|LocalEntryNotFoundError|"
-       r"couldn't connect to 'https://huggingface\.co'|GatedRepoError|RepositoryNotFoundError|"
+       r"couldn't connect to 'https://huggingface\.co'|GatedRepoError|RepositoryNotFoundError|gated repo|"
        r"(?:MaxRetryError|ConnectTimeoutError|NameResolutionError|ConnectionError)\b.*huggingface\.co|"
        # a model file, not a checkpoint's (those are checkpoint failures)
        r"No such file or directory: '(?![^']*global_step)[^']*(?:/config\.json|/tokenizer(?:_config)?\.json|"
@@ -380,7 +388,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "(`invoke download-model`).",
        any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load",
                "LocalEntryNotFoundError", "couldn't connect", "GatedRepoError", "RepositoryNotFoundError",
-               "huggingface.co", "No such file or directory")),
+               "huggingface.co", "No such file or directory", "gated repo")),
     _p("ray-init", "", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
        category="env-ray-import", result="blocked",
@@ -439,9 +447,9 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="rror"),
     _p("rollout-loop", "rror", r"(?:vLLM|SGLang|sglang)\w* \w+ error|vLLMAsyncRollout.*error", "error",
        category="rollout", result="fail", also=("vLLM", "SGLang", "sglang")),
-    _p("dist-ckpt", "heckpoint", r"CheckpointingException|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)", "error",
-       category="checkpoint", result="fail",
-       also=("CheckpointingException", "rror", "failed", "mismatch", "corrupt")),
+    _p("dist-ckpt", "heckpoint", r"Checkpoint(?:ing)?Exception|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)",
+       "error", category="checkpoint", result="fail",
+       also=("CheckpointingException", "CheckpointException", "rror", "failed", "mismatch", "corrupt")),
     _p("ckpt-file-missing", "global_step_", r"No such file or directory: '[^']*global_step_\d+", "error",
        category="checkpoint", result="fail", covered_by="rror"),
     _p("state-dict", "", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for|"
@@ -469,9 +477,10 @@ PATTERNS: tuple[Pattern, ...] = (
        r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror",
        also=("not found", "no match", "did not match", "not present", "not supported")),
     _p("config-check", "", r"(?:batch_size|micro_batch|mini_batch|n_gpus|world_size|nnodes|num_gpus)\w*.*"
-       r"(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least)", "error",
+       r"(?:(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least|>=|<=|>|<)|"
+       r"is not divisible by)", "error",
        category="config", result="fail", covered_by="rror",
-       any_of=("must be", "should be")),
+       any_of=("must be", "should be", "is not divisible by")),
     _p("reward-fn", "eward", r"Reward function is not implemented|reward function .*not (?:implemented|found)",
        "error", category="reward-model", result="fail", covered_by="rror", also=("not implemented", "not found")),
     _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|"
