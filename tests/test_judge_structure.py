@@ -203,3 +203,14 @@ def test_a_logged_error_line_alone_names_no_cause():
            "(vLLMHttpServer pid=5) (EngineCore_DP0 pid=6) ERROR 06-16 03:57:27 [core.py:68]     num_gpu_blocks = "
            "self._initialize_kv_caches("]
     assert (judge_lines(cut).result, judge_lines(cut).category) == ("Fail", "rollout")
+
+
+def test_the_ray_method_is_the_decisive_chains():
+    chain = ["Traceback (most recent call last):",
+             "ray.exceptions.RayTaskError(ValueError): ray::WorkerDict.actor_rollout_generate_sequences() (pid=2)",
+             "ValueError: prompt too long for the engine",
+             "(TaskRunner pid=1) Unhandled error (suppress with 'RAY_IGNORE_UNHANDLED_ERRORS=1'): "
+             "ray::WorkerDict.actor_rollout_save_checkpoint() (pid=3)"]
+    verdict = judge_lines(chain)
+    assert verdict.category_evidence["method"] == "WorkerDict.actor_rollout_generate_sequences"
+    assert verdict.category == "rollout"

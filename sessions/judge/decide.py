@@ -116,8 +116,11 @@ def _missing_extension(ev: Evidence, events: list[_ErrorEvent]) -> _ErrorEvent |
 def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
               found: dict[str, Any]) -> tuple[str, str, str, str | None]:
     """-> (result, category, phase, hint) for the decisive error event; `found` gets what was looked at."""
-    methods = [e.wrapper_method for e in events if e.wrapper_method]
-    method = methods[-1] if methods else None  # the innermost Ray method of the chain
+    # the innermost Ray method of the decisive event's chain: the last one up to it (a later `Unhandled error` of
+    # another task is not its chain), else any
+    methods = [e.wrapper_method for e in events if e.wrapper_method and e.seq <= event.seq] or \
+        [e.wrapper_method for e in events if e.wrapper_method]
+    method = methods[-1] if methods else None
     area = method_area(method)
     # a nested method of a worker names the place better than TaskRunner.run() around it
     if area == "setup" and len(methods) > 1:
