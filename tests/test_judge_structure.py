@@ -136,6 +136,8 @@ def test_frame_tables():
     assert frame_category("/x/site-packages/torch/distributed/fsdp/_flat_param.py") is None  # FSDP, no collective
     assert frame_category("/x/verl/verl/checkpoint_engine/nccl_checkpoint_engine.py") == "weight-sync"
     assert frame_category("/x/verl/verl/models/registry.py") == "provider"  # verl's Megatron model registry
+    assert frame_category("/x/verl/verl/models/mcore/loader.py") == "provider"
+    assert frame_category("/x/verl/verl/models/mcore/model_forward.py") is None  # verl's forward glue, in training
     assert frame_area("/x/verl/verl/workers/fsdp_workers.py", "_build_rollout") == "rollout"
     assert frame_area("/x/site-packages/vllm/worker/worker.py", "update_weights") is None  # vLLM's, not verl's
     assert method_area("WorkerDict.rm_compute_rm_score") == "reward"

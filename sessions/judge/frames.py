@@ -56,8 +56,10 @@ MODULE_CATEGORIES = tuple((re.compile(rx), category) for rx, category in (
      r"^verl/experimental/reward|^math_verify/", "reward-model"),
     (r"^verl/utils/dataset/|^verl/experimental/(?:dynamic_)?dataset/|^datasets/|^pyarrow/", "data"),
     (r"^verl/workers/config/|^verl/trainer/config/|^omegaconf/", "config"),
-    # the model provider: Megatron-Bridge, mbridge, verl's own mcore model registry and weight loaders
-    (r"^megatron/bridge/|^mbridge/|^verl/models/mcore/|^verl/models/\w+/megatron/|"
+    # the model provider: Megatron-Bridge, mbridge, verl's own mcore model registry, builders and weight loaders
+    # (not verl's forward glue in verl/models/mcore/: model_forward*, util, patches run in training)
+    (r"^megatron/bridge/|^mbridge/|^verl/models/mcore/(?!model_forward|util\.py|patch\.py|mtp_patch)|"
+     r"^verl/models/\w+/megatron/|"
      r"^verl/models/(?:registry|weight_loader_registry)\.py", "provider"),
     (r"^megatron/core/", "megatron-core"),
     (r"^(?:vllm|vllm_ascend|sglang|sgl_kernel|tensorrt_llm)/|^verl/workers/rollout/|^verl/.*agent_loop|^verl/third_party/(?:vllm|sglang)|"
