@@ -61,11 +61,11 @@ MODULE_CATEGORIES = tuple((re.compile(rx), category) for rx, category in (
     (r"^megatron/bridge/|^mbridge/|^verl/models/mcore/(?!model_forward|util\.py|patch\.py|mtp_patch)|"
      r"^verl/models/\w+/megatron/|"
      r"^verl/models/(?:registry|weight_loader_registry)\.py", "provider"),
-    (r"^megatron/core/", "megatron-core"),
+    (r"^megatron/core/|^mindspeed(?:_llm)?/", "megatron-core"),  # MindSpeed: Megatron core on Ascend
     (r"^(?:vllm|vllm_ascend|sglang|sgl_kernel|tensorrt_llm)/|^verl/workers/rollout/|^verl/.*agent_loop|^verl/third_party/(?:vllm|sglang)|"
      r"^verl/utils/(?:vllm|sglang)|^verl/tools/|^verl/interactions/", "rollout"),
     # collectives and rendezvous (FSDP's own torch.distributed modules are not collectives)
-    (r"^torch/distributed/(?:distributed_c10d|c10d_logger|rendezvous|_functional_collectives|device_mesh)|"
+    (r"^torch/distributed/(?:distributed_c10d|c10d_logger|rendezvous|_functional_collectives)|"
      r"^torch_npu/distributed/|^deep_ep/|/gloo|nccl|hccl", "nccl"),
 ))
 
@@ -79,7 +79,7 @@ FUNCTION_AREAS = tuple((re.compile(rx), area) for rx, area in (
      r"get_custom_reward_fn)$", "reward"),
     (r"^(?:create_rl_dataset|create_rl_sampler|_create_dataloader|_read_files_and_tokenize)$", "data"),
     (r"^(?:_?validate_config|check_mutually_exclusive|omega_conf_to_dataclass)$", "config"),
-    (r"^(?:_check_resource_available|create_resource_pool|get_placement_groups|_init_with_resource_pool)$",
+    (r"^(?:_check_resource_available|create_resource_pool|get_placement_groups)$",
      "resources"),
     (r"^(?:_build_rollout|init_rollout|launch_servers?|_init_inference_engine|init_engine|generate_sequences|"
      r"_generate\w*|wake_up)$", "rollout"),
