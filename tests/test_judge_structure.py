@@ -216,3 +216,27 @@ def test_the_ray_method_is_the_decisive_chains():
     verdict = judge_lines(chain)
     assert verdict.category_evidence["method"] == "WorkerDict.actor_rollout_generate_sequences"
     assert verdict.category == "rollout"
+
+
+def test_a_death_or_timeout_after_an_exception_is_its_consequence():
+    root = ["(WorkerDict pid=2) Traceback (most recent call last):",
+            '(WorkerDict pid=2)   File "/usr/local/lib/python3.10/dist-packages/mbridge/core/bridge.py", line 160, '
+            'in load_weights',
+            "(WorkerDict pid=2) KeyError: 'decoder.layers.0.mlp.router.expert_bias'"]
+    peers = ["(WorkerDict pid=3) [rank1]:[E901 10:10:00.000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught "
+             "collective operation timeout: WorkNCCL(SeqNum=5, OpType=BROADCAST, Timeout(ms)=600000) ran for 600010 "
+             "milliseconds before timing out.",
+             "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."]
+    verdict = judge_lines(root + peers)
+    assert (verdict.result, verdict.category) == ("Fail", "provider"), verdict.first_error
+    assert "KeyError" in verdict.first_error
+    # a thread's uncaught exception is no such cause: the process went on (vLLM's usage-stats thread, offline)
+    thread = ["(TaskRunner pid=1) Total training steps: 100",
+              "(TaskRunner pid=1) step:30 - training/global_step:30 - actor/pg_loss:0.1",
+              "(WorkerDict pid=2) Exception in thread Thread-3 (_report_usage_worker):",
+              "(WorkerDict pid=2) Traceback (most recent call last):",
+              '(WorkerDict pid=2)   File "/usr/lib/python3/dist-packages/vllm/usage/usage_lib.py", line 150, in run',
+              "(WorkerDict pid=2) requests.exceptions.ConnectionError: HTTPSConnectionPool(host='stats.vllm.ai')",
+              "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."]
+    verdict = judge_lines(thread)
+    assert (verdict.result, verdict.category) == ("Fail", "actor-died"), verdict.first_error

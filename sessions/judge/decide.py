@@ -45,6 +45,10 @@ from sessions.judge.structure import (
     method_area,
 )
 
+# named causes that are what happens after another failure (a rank dies, its peers time out in the collective, the
+# engine reports the root cause "above"): an exception line before them is the cause
+CONSEQUENCES = ("actor-died", "hang-watchdog", "nccl-timeout", "vllm-engine", "ray-get-timeout")
+CREATION_RE = re.compile(r"error raised in its creation task|Exception raised in creation task")
 LOGGED_FILE_RE = re.compile(r"[\[(\s\"](/[^\s\]\")]+\.py)\b")
 LORA_RE = re.compile(r"(?i)lora|peft|adapter|target_module")
 # environment categories: Blocked before the provider ran, Fail (with the same hint) after training steps
@@ -71,9 +75,15 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     # only when nothing else is named
     specific = sorted((e for e in real if e.specific),
                       key=lambda e: (e.pattern.category == "interrupted", e.wrapper_method is not None, e.seq))
+    plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method and not e.cut
+             and not CREATION_RE.search(e.text)]
     if specific:
-        return specific[0]
-    plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method and not e.cut]
+        first = specific[0]
+        if first.pattern.name in CONSEQUENCES:  # a death or timeout after an exception: that exception is the cause
+            earlier = [e for e in plain if e.seq < first.seq]
+            if earlier:
+                return earlier[0]
+        return first
     driver = ev.driver_failure_seq
     chain = [e for e in plain if driver is not None and e.source is None and e.seq >= driver]
     if chain:  # the driver failed: its chain names the failure (a worker's earlier traceback may be a thread's)

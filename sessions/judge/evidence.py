@@ -163,6 +163,7 @@ class Evidence:
         self.events_dropped = 0
         self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
         self.wheres: dict[str | None, str] = {}  # source -> loop area of its latest verl frame with a known function
+        self.thread_sources: set[str | None] = set()  # sources printing an "Exception in thread" traceback
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
         self.death_causes: list[str] = []
         self.open_traceback: LogLine | None = None  # first frame of a traceback whose exception line is not seen yet
@@ -233,6 +234,9 @@ class Evidence:
                     self.open_traceback = line
                 if "megatron/bridge" not in text:
                     return
+        if stripped.startswith("Exception in thread"):  # a thread's uncaught exception follows (not the process's)
+            self.thread_sources.add(line.source)
+            return
         ignored = noise = hydra = False
         error_pattern: Pattern | None = None
         generic = False
@@ -290,6 +294,9 @@ class Evidence:
         if error_pattern is None and not generic and not log_error:
             return
         self.open_traceback = None  # its exception line is here
+        if generic and wrapper is None and error_pattern is None and line.source in self.thread_sources:
+            self.thread_sources.discard(line.source)
+            noise = True  # the thread ended, the process went on: no cause by itself
         if wrapper and line.source is None:
             self._driver_failure()
         event = _ErrorEvent(
