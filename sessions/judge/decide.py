@@ -48,6 +48,7 @@ from sessions.judge.structure import (
 # named causes that are what happens after another failure (a rank dies, its peers time out in the collective, the
 # engine reports the root cause "above"): an exception line before them is the cause
 CONSEQUENCES = ("actor-died", "hang-watchdog", "nccl-timeout", "vllm-engine", "ray-get-timeout")
+RAY_DAEMONS = ("raylet", "autoscaler", "gcs_server", "dashboard", "monitor")  # their tracebacks are Ray's own
 CREATION_RE = re.compile(r"error raised in its creation task|Exception raised in creation task")
 LOGGED_FILE_RE = re.compile(r"[\[(\s\"](/[^\s\]\")]+\.py)\b")
 LORA_RE = re.compile(r"(?i)lora|peft|adapter|target_module")
@@ -80,7 +81,7 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     if specific:
         first = specific[0]
         if first.pattern.name in CONSEQUENCES:  # a death or timeout after an exception: that exception is the cause
-            earlier = [e for e in plain if e.seq < first.seq]
+            earlier = [e for e in plain if e.seq < first.seq and e.source not in RAY_DAEMONS]
             if earlier:
                 return earlier[0]
         return first
