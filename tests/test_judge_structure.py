@@ -240,3 +240,13 @@ def test_a_death_or_timeout_after_an_exception_is_its_consequence():
               "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."]
     verdict = judge_lines(thread)
     assert (verdict.result, verdict.category) == ("Fail", "actor-died"), verdict.first_error
+
+
+def test_the_trainer_raising_after_its_last_step_fails_the_run():
+    lines = ["(TaskRunner pid=1) Total training steps: 2",
+             "(TaskRunner pid=1) step:2 - training/global_step:2 - actor/pg_loss:0.1",
+             "(TaskRunner pid=1) Traceback (most recent call last):",
+             '(TaskRunner pid=1)   File "/root/verl/verl/trainer/ppo/ray_trainer.py", line 900, in _save_checkpoint',
+             "(TaskRunner pid=1) PermissionError: [Errno 13] Permission denied: '/ckpt/latest_checkpointed_iteration.txt'"]
+    verdict = judge_lines(lines)
+    assert (verdict.result, verdict.category) == ("Fail", "checkpoint"), verdict.first_error

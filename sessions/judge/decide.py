@@ -234,8 +234,18 @@ def _fatal_after_completion(ev, events: list[_ErrorEvent], shown_only: bool) -> 
         e for e in events if not e.noise and (
             (driver is not None and e.source is None and e.seq >= driver) or e.specific
             or (e.wrapper_method and e.source is None) or (shown_only and not e.log_error)
+            or _trainer_raised(e)
         )
     ]
+
+
+TRAINER_SOURCE_RE = re.compile(r"\w*TaskRunner\w*$|main_task$")
+
+
+def _trainer_raised(event: _ErrorEvent) -> bool:
+    """An exception line the trainer's own process printed (TaskRunner, old main_task): the loop raised."""
+    return (event.source is not None and TRAINER_SOURCE_RE.match(event.source) is not None
+            and event.pattern is None and not event.log_error and not event.wrapper_method and not event.cut)
 
 def _criteria(ev, verdict: Verdict, vanilla: str | None, wrong_paths: list[str]) -> list[Criterion]:
     """The level's pass list, each Pass / Fail / not shown (SPEC "The verdict", 2)."""
