@@ -111,6 +111,7 @@ def test_not_a_text_log(tmp_path, content, note):
     path.write_bytes(content)
     verdict = judge_log(path)
     assert verdict.result == "Fail" and f"not a text log ({note})" in verdict.first_error
+    assert "not a verl log" in verdict.hint
 
 
 @pytest.mark.parametrize("path, module", [

@@ -422,13 +422,15 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         if decisive is not None:  # only a logger's ERROR line: it reports, it does not say why the run stopped
             first_error += f"; last logged error: {decisive.shown()}"
             found = {"looked_at": ["message"], "decided_by": "a logger's ERROR line only (no exception)"}
-        if ev.input_note:
-            first_error = f"the file is not a text log ({ev.input_note}): {first_error}"
         hint = (
             "The log does not show enough to name a cause: it ends without the expected steps and without an "
             "error line (truncated, still running, or killed from outside: check the exit code, dmesg and the "
             "stall timeout)."
         )
+        if ev.input_note:
+            first_error = f"the file is not a text log ({ev.input_note}): {first_error}"
+            hint = ("The file given is not a verl log (empty, or binary such as an executable or random bytes): "
+                    "pass the log file the run wrote.")
 
     if category == "actor-died" and ev.death_causes:
         hint = f"the raylet's cause: {', '.join(ev.death_causes)}. " + (hint or CATEGORY_HINTS["actor-died"])
