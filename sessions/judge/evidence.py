@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.judge.frames import frame_area, frame_category
+from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
 from sessions.judge.needles import DISPATCH
 from sessions.judge.patterns import (
@@ -224,10 +224,9 @@ class Evidence:
                 self.frames_seen += 1
                 if stripped.endswith((" in fit", " in _fit")):
                     self.fit_seen = True
-                area = frame_category(frame.group(1))
+                area, where = classify_frame(frame.group(1), frame.group(2))
                 if area:
                     self.areas[line.source] = self.areas[ANY_SOURCE] = area
-                where = frame_area(frame.group(1), frame.group(2))
                 if where:
                     self.wheres[line.source] = self.wheres[ANY_SOURCE] = where
                 if self.open_traceback is None:

@@ -13,6 +13,7 @@ A frame's file path is first reduced to its module path (`verl/workers/fsdp_work
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 # Outside site-/dist-packages only the packages people run from source checkouts start a module path (a folder
 # `/data/datasets/` holding a user's reward function is no `datasets` frame); inside, the tail is the module path.
@@ -88,6 +89,12 @@ FUNCTION_AREAS = tuple((re.compile(rx), area) for rx, area in (
     (r"^(?:update_actor|update_policy|update_critic|compute_log_prob|compute_ref_log_prob|compute_values|"
      r"train_batch|train_mini_batch|infer_batch|forward_backward_batch)$", "training"),
 ))
+
+
+@lru_cache(maxsize=4096)  # a traceback's paths repeat (every rank, every echo of the chain)
+def classify_frame(path: str, function: str | None) -> tuple[str | None, str | None]:
+    """(frame_category, frame_area) of one frame line."""
+    return frame_category(path), frame_area(path, function)
 
 
 def frame_category(path: str, function: str | None = None) -> str | None:

@@ -285,7 +285,8 @@ PATTERNS: tuple[Pattern, ...] = (
        category="env-ray-import", result="blocked"),
     # the driver runs verl: a Ray task that cannot import it is a worker without the driver's PYTHONPATH
     _p("worker-no-verl", "No module named", r"(?:RaySystemError|RayTaskError|RayActorError|ActorDiedError)\b.*"
-       r"No module named 'verl[.']", "error", category="env-ray-import", result="blocked"),
+       r"No module named 'verl[.']", "error", category="env-ray-import", result="blocked",
+       any_of=("RaySystemError", "RayTaskError", "RayActorError", "ActorDiedError")),
     _p("bridge-not-found", "Megatron-Bridge package not found", r"Megatron-Bridge package not found", "error",
        category="env-ray-import", result="blocked", covered_by="Bridge"),
     _p("bridge-submodule", "No module named", r"No module named 'megatron\.bridge\.[\w.]+'", "error",
