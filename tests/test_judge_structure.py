@@ -28,7 +28,8 @@ CASES = {
     "init_model_mbridge_keyerror": ("Fail", "provider", "frames"),
     "init_model_worker_frames_cut": ("Fail", "unknown", "none"),  # model build, but of what: not shown
     "rm_compute_rm_score_runtimeerror": ("Fail", "reward-model", None),
-    "rm_init_model_weights_missing": ("Fail", "reward-model", "method"),  # the role `rm_`, not `_build_model`
+    # the role `rm_`, not `_build_model`: the model whose files are missing is the reward model
+    "rm_init_model_weights_missing": ("Blocked", "reward-model", "message and method"),
     "driver_load_checkpoint_assertion": ("Fail", "checkpoint", "function"),  # no worker method at all
     "generate_sequences_sharding_manager_keyerror": ("Fail", "weight-sync", "function"),
     "update_weights_bridge_export": ("Fail", "weight-sync", "function"),

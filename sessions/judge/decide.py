@@ -145,7 +145,7 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     where = event.where or next((e.where for e in reversed(events) if e.where), None)
     if not (area == "reward" and where in ("model-build", "training")):  # the role `rm` stays the reward model
         area = where or area
-    phase = AREA_PHASES.get(area, event.phase) if area else event.phase
+    phase = AREA_PHASES.get(where or area, event.phase) if where or area else event.phase
     building = area in ("model-build", "worker-creation") if area else ev.reached < PHASE_INDEX["model-built"]
     frames = event.area if event.area and not event.wrapper_method else None
     frames = frames or event.nearest or next((e.area for e in reversed(events) if e.area), None)
@@ -167,6 +167,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     if named and (pattern.category in CAUSE_CATEGORIES or pattern.result == BLOCKED_EVIDENCE):
         found["decided_by"] = "message"  # a named cause (OOM, NCCL, missing package...) wherever it happened
         result = "Blocked" if pattern.result == BLOCKED_EVIDENCE else "Fail"
+        if pattern.category == "data" and area == "reward":  # the model files missing are the reward model's
+            found["decided_by"] = "message and method"
+            return _result(ev, event, result, "reward-model", phase, None)
         return _result(ev, event, result, pattern.category, phase, pattern.hint)
     wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES]
     if wrapped and wrapped[-1] != "env-ray-import":
@@ -187,6 +190,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
             hint = H_LORA
         if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and area in ("setup", "data"):
             return _result(ev, event, "Blocked", "data", phase, None)
+        if structural == "reward-model" and exc in ("FileNotFoundError", "IsADirectoryError") and \
+                area in ("setup", "reward"):  # the reward function's or model's file is not there
+            return _result(ev, event, "Blocked", "reward-model", phase, None)
         if structural == "env-no-gpu":  # verl's own resource check refused the cluster: environment evidence
             return _result(ev, event, "Blocked", structural, phase, None)
         return _result(ev, event, "Fail", structural, phase, hint)

@@ -377,6 +377,7 @@ PATTERNS: tuple[Pattern, ...] = (
        also=("does not appear to have", "no such file", "not a local folder", "incorrect path_or_model_id",
              "can't load", "not found")),
     _p("model-missing", "", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
+       r"Error no file named \S+.* found in directory|"
        r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id|"
        r"Can't load (?:tokenizer|the configuration|config) for|LocalEntryNotFoundError|"
        r"couldn't connect to 'https://huggingface\.co'|GatedRepoError|RepositoryNotFoundError|gated repo|"
@@ -389,7 +390,7 @@ PATTERNS: tuple[Pattern, ...] = (
             "(`invoke download-model`).",
        any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load",
                "LocalEntryNotFoundError", "couldn't connect", "GatedRepoError", "RepositoryNotFoundError",
-               "huggingface.co", "No such file or directory", "gated repo")),
+               "huggingface.co", "No such file or directory", "gated repo", "no file named")),
     _p("ray-init", "", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
        category="env-ray-import", result="blocked",
