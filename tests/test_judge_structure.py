@@ -252,3 +252,14 @@ def test_the_trainer_raising_after_its_last_step_fails_the_run():
              "(TaskRunner pid=1) PermissionError: [Errno 13] Permission denied: '/ckpt/latest_checkpointed_iteration.txt'"]
     verdict = judge_lines(lines)
     assert (verdict.result, verdict.category) == ("Fail", "checkpoint"), verdict.first_error
+
+
+def test_init_model_without_frames_is_decided_by_the_exception():
+    lines = ["ray.exceptions.RayTaskError(FileNotFoundError): ray::WorkerDict.actor_rollout_init_model() (pid=2)",
+             '  File "/root/verl/verl/workers/fsdp_workers.py", line 260, in _build_model_optimizer',
+             '  File "/root/verl/verl/utils/fs.py", line 80, in copy_to_local',
+             "FileNotFoundError: /models/Qwen2.5-0.5B does not exist"]
+    verdict = judge_lines(lines)
+    assert (verdict.result, verdict.category) == ("Blocked", "data")  # the model path, before anything ran
+    other = judge_lines(lines[:-1] + ["ValueError: bad rope scaling"])
+    assert (other.result, other.category) == ("Fail", "unknown")  # not "provider": no provider frame is shown

@@ -188,7 +188,8 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         hint = pattern.hint if named and pattern.category == structural else None
         if structural == "provider" and LORA_RE.search(event.text):
             hint = H_LORA
-        if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and area in ("setup", "data"):
+        if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and \
+                area in ("setup", "data", "model-build"):  # data or model files not there
             return _result(ev, event, "Blocked", "data", phase, None)
         if structural == "reward-model" and exc in ("FileNotFoundError", "IsADirectoryError") and \
                 area in ("setup", "reward"):  # the reward function's or model's file is not there

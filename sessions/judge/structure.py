@@ -62,6 +62,10 @@ SETUP_TYPES = {
 }
 
 
+# Exception types that name a category by themselves while a model is built (no classified frame says more).
+BUILD_TYPES = {"FileNotFoundError": "data", "IsADirectoryError": "data"}
+
+
 def category_from_structure(area: str | None, frames: str | None, exc_type: str | None,
                             building: bool) -> str | None:
     """The category (a) the area of verl's loop and (b) the nearest classified frame give together; None: they
@@ -77,6 +81,8 @@ def category_from_structure(area: str | None, frames: str | None, exc_type: str 
     if area == "worker-creation":
         return frames or "config"
     if area == "model-build":  # init_model builds actor, ref, critic and rollout: the frames say which failed
+        if frames is None:  # else the exception: a file missing while building is the model path's
+            return BUILD_TYPES.get(exc_type or "")
         return frames if frames != "weight-sync" else "provider"
     if area == "rollout":
         return frames if frames in ("provider", "weight-sync", "nccl", "reward-model") else "rollout"
