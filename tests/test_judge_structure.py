@@ -139,6 +139,10 @@ def test_frame_tables():
     assert frame_category("/x/verl/verl/checkpoint_engine/nccl_checkpoint_engine.py") == "weight-sync"
     assert frame_category("/x/verl/verl/models/registry.py") == "provider"  # verl's Megatron model registry
     assert frame_category("/x/verl/verl/models/mcore/loader.py") == "provider"
+    schedules = "/opt/Megatron-LM/megatron/core/pipeline_parallel/schedules.py"
+    assert frame_category(schedules, "forward_step") is None  # Megatron core running the model
+    assert frame_category("/opt/Megatron-LM/megatron/core/transformer/transformer_block.py", "__init__") == \
+        "megatron-core"
     assert frame_category("/x/verl/verl/models/mcore/model_forward.py") is None  # verl's forward glue, in training
     assert frame_area("/x/verl/verl/workers/fsdp_workers.py", "_build_rollout") == "rollout"
     assert frame_area("/x/site-packages/vllm/worker/worker.py", "update_weights") is None  # vLLM's, not verl's

@@ -94,7 +94,12 @@ FUNCTION_AREAS = tuple((re.compile(rx), area) for rx, area in (
 @lru_cache(maxsize=4096)  # a traceback's paths repeat (every rank, every echo of the chain)
 def classify_frame(path: str, function: str | None) -> tuple[str | None, str | None]:
     """(frame_category, frame_area) of one frame line."""
-    return frame_category(path), frame_area(path, function)
+    return frame_category(path, function), frame_area(path, function)
+
+
+# functions of Megatron core that run a built model: its frames say nothing about the provider
+RUNNING_RE = re.compile(r"_?forward|backward|forward_backward|custom_forward|checkpointed_forward|"
+                        r"(?:train|optimizer)_step|step$")
 
 
 def frame_category(path: str, function: str | None = None) -> str | None:
@@ -104,6 +109,8 @@ def frame_category(path: str, function: str | None = None) -> str | None:
         return None
     for module_re, category in MODULE_CATEGORIES:
         if module_re.search(module):
+            if category == "megatron-core" and function and RUNNING_RE.match(function):
+                return None  # Megatron core running the model (forward, schedules), not building it
             return category
     return None
 
