@@ -32,7 +32,7 @@ CASES = {
     "rm_init_model_weights_missing": ("Blocked", "reward-model", "message and method"),
     "driver_load_checkpoint_assertion": ("Fail", "checkpoint", "function"),  # no worker method at all
     "generate_sequences_sharding_manager_keyerror": ("Fail", "weight-sync", "function"),
-    "update_weights_bridge_export": ("Fail", "weight-sync", "function"),
+    "update_weights_bridge_export": ("Fail", "weight-sync", "method"),
     "unhandled_save_checkpoint_relayed": ("Fail", "checkpoint", None),
     "taskrunner_create_rl_dataset_missing_parquet": ("Blocked", "data", None),
     "taskrunner_config_post_init": ("Fail", "config", None),

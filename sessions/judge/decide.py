@@ -143,6 +143,7 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     # the innermost verl frame's function is finer than the Ray method around it (`_build_rollout` in init_model,
     # `_load_checkpoint` in TaskRunner.run(), `update_params` of the sharding manager in generate_sequences)
     where = event.where or next((e.where for e in reversed(events) if e.where), None)
+    by_method = area
     if not (area == "reward" and where in ("model-build", "training")):  # the role `rm` stays the reward model
         area = where or area
     phase = AREA_PHASES.get(where or area, event.phase) if where or area else event.phase
@@ -155,8 +156,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     exc = event.wrapped or exception_type(event.text) or next((e.wrapped for e in reversed(events) if e.wrapped),
                                                                None)
     pattern = event.pattern
-    found.update(looked_at=["method", "function", "frames", "message"], method=method, function_area=where,
-                 method_area=area, frames=frames, exception=exc, message=pattern.name if pattern else None)
+    found.update(looked_at=["method", "function", "frames", "message"], method=method, method_area=by_method,
+                 function_area=where, area=area, frames=frames, exception=exc,
+                 message=pattern.name if pattern else None)
     if event.extension:
         found.update(message="missing compiled extension", decided_by="message")
         return _result(ev, event, "Blocked", "env-dependency", phase,
@@ -184,7 +186,7 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         return _result(ev, event, "Fail", category, phase, hint)
     if structural:
         found["decided_by"] = ("frames" if not area or structural == frames else
-                               "function" if area == where else "method")
+                               "function" if area == where and area != by_method else "method")
         hint = pattern.hint if named and pattern.category == structural else None
         if structural == "provider" and LORA_RE.search(event.text):
             hint = H_LORA
