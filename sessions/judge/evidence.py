@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
 from sessions.judge.needles import DISPATCH
 from sessions.judge.patterns import (
@@ -28,7 +29,6 @@ from sessions.judge.patterns import (
     compiled,
 )
 from sessions.judge.record import PHASE_INDEX
-from sessions.judge.structure import frame_category
 
 MAX_EVENTS = 400  # error events kept after the last progress (a long error storm keeps its first ones)
 MAX_NOISE = 20
@@ -41,6 +41,9 @@ MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat 
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
+# vLLM logs a failing engine's traceback through its logger, one `ERROR MM-DD hh:mm:ss [file.py:N] ` per line: the
+# frames and the exception line behind it are read as a traceback's
+VLLM_ERROR_RE = re.compile(r"ERROR \d\d-\d\d [\d:.]+ \[[\w.\-]+:\d+\] (?=\s|Traceback|\w+(?:\.\w+)*: )")
 LOG_ERROR_RE = re.compile(r"^(?:ERROR[ :]|\[?E\d{4} |\[ERROR\]|\S+ ERROR |\w+ \d+ [\d:]+ ERROR )")
 VAL_METRIC_RE = re.compile(r"^\s*val[\w-]*/[\w/@.\-]+:\s*[-+\d.(np]")  # `val/test_score/x:0.5`
 VAL_ONLY_RE = re.compile(r"^\s*(?:val[\w-]*/[^:\s]+:[^ ]+(?: - |\s*$))+$")
@@ -99,6 +102,7 @@ class _ErrorEvent:
     log_error: bool = False  # a logger's ERROR line (not an exception): a cause only when nothing better exists
     cut: bool = False  # stands for a traceback the log ends in, before its exception line
     nearest: str | None = None  # category of the latest classified frame of any source before this line
+    where: str | None = None  # area of the innermost verl frame with a known function (frames.FUNCTION_AREAS)
     extension: str | None = None  # stands for a compiled extension the engine reported missing
 
     @property
@@ -158,6 +162,8 @@ class Evidence:
         self.events: list[_ErrorEvent] = []  # error events since the last progress (the first MAX_EVENTS)
         self.events_dropped = 0
         self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
+        self.wheres: dict[str | None, str] = {}  # source -> loop area of its latest verl frame with a known function
+        self.thread_sources: set[str | None] = set()  # sources printing an "Exception in thread" traceback
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
         self.death_causes: list[str] = []
         self.open_traceback: LogLine | None = None  # first frame of a traceback whose exception line is not seen yet
@@ -201,6 +207,9 @@ class Evidence:
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1
         text = line.text
+        if text.startswith("ERROR ") and (logged := VLLM_ERROR_RE.match(text)):
+            line = LogLine(line.source, text[logged.end():], line.inner)
+            text = line.text
         if line.source is not None and self.reached < PHASE_INDEX["ray-up"]:
             self._advance("ray-up")
         if "step:" in text:
@@ -215,13 +224,18 @@ class Evidence:
                 self.frames_seen += 1
                 if stripped.endswith((" in fit", " in _fit")):
                     self.fit_seen = True
-                area = frame_category(frame.group(1))
+                area, where = classify_frame(frame.group(1), frame.group(2))
                 if area:
                     self.areas[line.source] = self.areas[ANY_SOURCE] = area
+                if where:
+                    self.wheres[line.source] = self.wheres[ANY_SOURCE] = where
                 if self.open_traceback is None:
                     self.open_traceback = line
                 if "megatron/bridge" not in text:
                     return
+        if stripped.startswith("Exception in thread"):  # a thread's uncaught exception follows (not the process's)
+            self.thread_sources.add(line.source)
+            return
         ignored = noise = hydra = False
         error_pattern: Pattern | None = None
         generic = False
@@ -255,6 +269,9 @@ class Evidence:
             elif kind == "traceback":
                 if line.source is None:
                     self._driver_failure()
+                for frames_of in (self.areas, self.wheres):  # a new traceback: the frames before it are not its
+                    frames_of.pop(line.source, None)
+                    frames_of.pop(ANY_SOURCE, None)
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
                 if cause not in self.death_causes and cause_re.search(text):
@@ -276,13 +293,16 @@ class Evidence:
         if error_pattern is None and not generic and not log_error:
             return
         self.open_traceback = None  # its exception line is here
+        if generic and wrapper is None and error_pattern is None and line.source in self.thread_sources:
+            self.thread_sources.discard(line.source)
+            noise = True  # the thread ended, the process went on: no cause by itself
         if wrapper and line.source is None:
             self._driver_failure()
         event = _ErrorEvent(
             self.seq, line.source, line.inner, _shorten(text, MAX_EVENT_TEXT), error_pattern, self.phase,
             self.max_step, noise, wrapper.group("method") if wrapper else None,
             wrapper.group("inner") if wrapper else None, self.areas.get(line.source), log_error,
-            nearest=self.areas.get(ANY_SOURCE),
+            nearest=self.areas.get(ANY_SOURCE), where=self.wheres.get(line.source) or self.wheres.get(ANY_SOURCE),
         )
         if len(self.events) < MAX_EVENTS:
             self.events.append(event)
@@ -299,8 +319,8 @@ class Evidence:
         if self.events or self.events_dropped:
             self.events = []
             self.events_dropped = 0
-        if self.areas:
-            self.areas = {}
+        if self.areas or self.wheres:
+            self.areas, self.wheres = {}, {}
         if self.death_causes:
             self.death_causes = []
         self.driver_failure_seq = None
