@@ -71,6 +71,9 @@ def _start_sleepy(trees: Trees, tmp_path: Path, reaper=None) -> tuple[subprocess
     and the remote pids (127.0.0.1) are killed when the test ends, also when it failed."""
     pids_file = tmp_path / "remote-pids"
     driver = (
+        # Ctrl-C as at a terminal: a suite started from a background job (`cmd &`, nohup) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt (two loaded .ci/run in a `&` loop hung here)
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import sys; from pathlib import Path; from env.launchers.remote import remote_task\n"
         f"sys.exit(remote_task(host={DIRECT_ALIAS!r}, forwarded=['sleepy', '--pids', {str(pids_file)!r}],"
         f" remote_root={str(trees.remote_root)!r}, ssh_config={str(trees.sshd.ssh_config)!r},"
