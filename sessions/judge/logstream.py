@@ -197,23 +197,9 @@ class ScanStats:
     lines_yielded: int = 0
 
 
-def scan_file(
-    path: str | os.PathLike[str],
-    needles: Sequence[bytes] | NeedleMatcher,
-    *,
-    last_only_needle: bytes | None = b"Training Progress",
-    chunk_size: int = CHUNK_SIZE,
-    stats: ScanStats | None = None,
-) -> Iterator[bytes]:
-    """Yield, in file order, every physical line (bytes, no newline) of the file that holds one of `needles`.
-
-    Every byte of the file is searched (no sampling) by a NeedleMatcher over each large chunk, so the Python work is
-    proportional to the lines hit, not to the file. Of the lines holding `last_only_needle` (frequent tqdm redraws)
-    only the last one in the final LAST_ONLY_WINDOW of each chunk is yielded (a bar says how far training got, never
-    that an error was survived). A wrapped `step:N - ...` metrics line comes with its continuation lines joined.
-    """
-    stats = stats if stats is not None else ScanStats()
-    matcher = needles if isinstance(needles, NeedleMatcher) else NeedleMatcher(needles)
+def read_chunks(path: str | os.PathLike[str], chunk_size: int, stats: ScanStats) -> Iterator[tuple[bytearray, int, bool]]:
+    """(buf, cut, eof) per chunk: buf[:cut] holds whole lines (all of the file's rest at eof). The consumer sends
+    back where the next chunk starts (`keep_from`, at most cut: a deferred step line is read again with more)."""
     with open(path, "rb", buffering=0) as handle:
         buf = bytearray(chunk_size + (1 << 16))
         view = memoryview(buf)
@@ -235,41 +221,84 @@ def scan_file(
                 if cut == 0 and filled < MAX_LINE_BYTES:  # no newline in the whole buffer yet: read more
                     continue
                 cut = cut or filled  # a line longer than MAX_LINE_BYTES is read in pieces (memory stays flat)
-            starts: set[int] = set()
-            matcher.line_starts(buf, cut, starts)
-            if last_only_needle is not None:
-                pos = buf.rfind(last_only_needle, max(0, cut - LAST_ONLY_WINDOW), cut)
-                if pos != -1:
-                    starts.add(buf.rfind(b"\n", 0, pos) + 1)
-            consumed = 0  # lines starting before this offset were already yielded (joined continuations)
-            deferred = None
-            for start in sorted(starts):
-                if start < consumed:
-                    continue
-                end = buf.find(b"\n", start, cut)
-                end = cut if end == -1 else end
-                line = bytes(buf[start:end])
-                consumed = end + 1
-                if _is_step_line(line):
-                    nxt = end + 1
-                    while nxt < cut and len(line) < MAX_JOINED_STEP:
-                        nxt_end = buf.find(b"\n", nxt, cut)
-                        if nxt_end == -1:
-                            nxt_end = cut
-                        piece = bytes(buf[nxt:nxt_end])
-                        if not _is_continuation(piece):
-                            break
-                        line += piece.rstrip(b"\r")
-                        consumed = nxt = nxt_end + 1
-                    if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
-                        deferred = start  # its continuation may be in the next chunk: redo it then
-                        break
-                stats.lines_yielded += 1
-                yield line
-            keep_from = deferred if deferred is not None else cut
+            keep_from = yield buf, cut, eof
+            keep_from = cut if keep_from is None else keep_from
             carry = filled - keep_from
             buf[:carry] = buf[keep_from:filled]
             filled = carry
+
+
+def last_bar_start(buf: bytearray, cut: int, needle: bytes | None) -> int | None:
+    """Start of the chunk's last `needle` line within its final LAST_ONLY_WINDOW (None: none there)."""
+    if needle is None:
+        return None
+    pos = buf.rfind(needle, max(0, cut - LAST_ONLY_WINDOW), cut)
+    return None if pos == -1 else buf.rfind(b"\n", 0, pos) + 1
+
+
+def line_at(buf: bytearray | bytes, start: int, cut: int, eof: bool) -> tuple[bytes, int, bool]:
+    """(line, offset after it, deferred) for the line at `start`: a `step:N - ...` line with its wrapped
+    continuation lines joined; deferred when those may go on past `cut` (read it again with the next chunk)."""
+    end = buf.find(b"\n", start, cut)
+    end = cut if end == -1 else end
+    line = bytes(buf[start:end])
+    consumed = end + 1
+    if _is_step_line(line):
+        nxt = end + 1
+        while nxt < cut and len(line) < MAX_JOINED_STEP:
+            nxt_end = buf.find(b"\n", nxt, cut)
+            if nxt_end == -1:
+                nxt_end = cut
+            piece = bytes(buf[nxt:nxt_end])
+            if not _is_continuation(piece):
+                break
+            line += piece.rstrip(b"\r")
+            consumed = nxt = nxt_end + 1
+        if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
+            return line, consumed, True
+    return line, consumed, False
+
+
+def scan_file(
+    path: str | os.PathLike[str],
+    needles: Sequence[bytes] | NeedleMatcher,
+    *,
+    last_only_needle: bytes | None = b"Training Progress",
+    chunk_size: int = CHUNK_SIZE,
+    stats: ScanStats | None = None,
+) -> Iterator[bytes]:
+    """Yield, in file order, every physical line (bytes, no newline) of the file that holds one of `needles`.
+
+    Every byte of the file is searched (no sampling) by a NeedleMatcher over each large chunk, so the Python work is
+    proportional to the lines hit, not to the file. Of the lines holding `last_only_needle` (frequent tqdm redraws)
+    only the last one in the final LAST_ONLY_WINDOW of each chunk is yielded (a bar says how far training got, never
+    that an error was survived). A wrapped `step:N - ...` metrics line comes with its continuation lines joined.
+    """
+    stats = stats if stats is not None else ScanStats()
+    matcher = needles if isinstance(needles, NeedleMatcher) else NeedleMatcher(needles)
+    chunks = read_chunks(path, chunk_size, stats)
+    keep_from = None
+    try:
+        while True:
+            buf, cut, eof = chunks.send(keep_from)
+            starts: set[int] = set()
+            matcher.line_starts(buf, cut, starts)
+            bar = last_bar_start(buf, cut, last_only_needle)
+            if bar is not None:
+                starts.add(bar)
+            consumed = 0  # lines starting before this offset were already yielded (joined continuations)
+            keep_from = cut
+            for start in sorted(starts):
+                if start < consumed:
+                    continue
+                line, consumed, deferred = line_at(buf, start, cut, eof)
+                if deferred:
+                    keep_from = start  # its continuation may be in the next chunk: redo it then
+                    break
+                stats.lines_yielded += 1
+                yield line
+    except StopIteration:
+        return
 
 
 def _collect(buf: bytearray, needle: bytes, lo: int, hi: int, starts: set[int]) -> None:
