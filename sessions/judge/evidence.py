@@ -55,6 +55,8 @@ OPTIONAL_MODULE_RE = re.compile(
 TABLE = compiled()
 TRAINING = PHASE_INDEX["training"]
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
+LATE_KINDS_SET = frozenset(LATE_KINDS)
+PROGRESS_FACTS = ("progress", "final_validation", "wandb_step")  # facts whose handler may call _progressed
 FULL_LINE_KINDS = ("fact", "limitation")  # searched in the whole line; causes in its first ERROR_SCAN_CHARS
 ERROR_SCAN_CHARS = 4096  # an exception's message starts the line; a 1 MB config-dump line is not an error
 # `No module named 'vllm._moe_C_stable_libtorch'`: an engine's compiled extension (a `_`-named submodule)
@@ -118,6 +120,28 @@ class _ErrorEvent:
         return _shorten(prefix + self.text)
 
 
+def lasting(pattern: Pattern) -> bool:
+    """Whether a match of the pattern changes more than what the next progress clears (error events, traceback
+    areas, the driver's failure): facts, limitations, residual noise, phase markers."""
+    return pattern.kind in ("fact", "limitation", "noise") or (pattern.kind == "marker" and pattern.phase is not None)
+
+
+def metrics_match(raw: bytes) -> re.Match[bytes] | None:
+    """The `step:N - ` of a plain metrics line (N > 0, no tqdm redraw): feed_bytes's fast path takes it."""
+    if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
+        match = step_line_match(raw)
+        if match and int(match.group(1)) > 0:
+            return match
+    return None
+
+
+def _copied(value: Any) -> Any:
+    kind = type(value)
+    if kind is deque:
+        return deque(value, value.maxlen)
+    return value.copy() if kind in (list, dict, set) else value
+
+
 def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -178,22 +202,63 @@ class Evidence:
         self.input_note: str | None = None  # "empty" / "binary": the input is no text log (judge_log sniffs it)
         self.frames_seen = 0  # traceback frame lines
         self.fit_seen = False  # a frame in the trainer's fit() since the last progress (TaskRunner.run() trains)
+        self.progress_count = 0  # times training went on (_progressed): a reader that skips lines watches it
+
+    # -- state copies (skim.py skips lines speculatively and goes back when it must) -------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state; containers copied one level (their items are never changed in place)."""
+        return {k: _copied(v) for k, v in self.__dict__.items()}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.__dict__.update(snapshot)
+
+    def storm_sensitive(self, raw: bytes, candidates: tuple[int, ...]) -> bool:
+        """Whether this line's lasting effect could depend on the error-storm cap (MAX_EVENTS events kept: then
+        feed_bytes drops the line's non-fact candidates, or the whole line): a residual-noise line, a missing
+        extension not noted yet from a line without facts, a line that goes on training and holds error
+        candidates (its events outlive that progress). Other lines differ only in what the next progress clears."""
+        kinds = {TABLE[i][0].kind for i in candidates}
+        if "noise" in kinds and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
+            return True
+        lines = None
+        if kinds.isdisjoint(LATE_KINDS) and b"No module" in raw and b"(raylet)" not in raw and b"step:" not in raw:
+            if len(self.missing_ext) >= 20:
+                return False
+            lines = normalise(raw.decode("utf-8", "replace"))
+            for line in lines:
+                ext = EXTENSION_MODULE_RE.search(line.text) if "No module" in line.text else None
+                if ext and ext.group(1) not in self.missing_ext:
+                    return True
+        dropped = [TABLE[i][1] for i in candidates if TABLE[i][0].kind not in LATE_KINDS_SET]
+        if not dropped:
+            return False
+        progress = any(TABLE[i][0].fact in PROGRESS_FACTS for i in candidates)
+        if not progress and b"step:" not in raw:
+            return False
+        lines = normalise(raw.decode("utf-8", "replace")) if lines is None else lines
+        if not any(regex.search(line.text) for line in lines for regex in dropped):
+            return False  # the cap would drop candidates that do not match anyway
+        if progress:
+            return True
+        for line in lines:
+            step = STEP_RE.search(line.text) or BARE_STEP_RE.match(line.text) if "step:" in line.text else None
+            if step and int(step.group(1)) > self.max_step:
+                return True
+        return False
 
     # -- input ---------------------------------------------------------------------------------------------
     def feed(self, raw: str) -> None:
         self.feed_bytes(raw.encode("utf-8", "surrogateescape") if "\x00" not in raw else raw.encode("utf-8", "replace"))
 
-    def feed_bytes(self, raw: bytes) -> None:
-        """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed."""
-        if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
-            match = step_line_match(raw)
-            if match:
-                step = int(match.group(1))
-                if step > 0:
-                    self.seq += 1
-                    self._metrics_line(step, raw[match.end() :], raw)
-                    return
-        candidates = DISPATCH.candidates(raw)
+    def feed_bytes(self, raw: bytes, candidates: tuple[int, ...] | None = None) -> None:
+        """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed.
+        `candidates`: DISPATCH.candidates(raw) when the caller has them already."""
+        match = metrics_match(raw)
+        if match is not None:
+            self.feed_metrics(raw, match)
+            return
+        if candidates is None:
+            candidates = DISPATCH.candidates(raw)
         if len(self.events) >= MAX_EVENTS:  # an error storm past the kept events: only facts can still matter
             kept = tuple(i for i in candidates if TABLE[i][0].kind in LATE_KINDS)
             if len(kept) < len(candidates):
@@ -203,6 +268,11 @@ class Evidence:
                 return
         for line in normalise(raw.decode("utf-8", "replace")):
             self._line(line, candidates)
+
+    def feed_metrics(self, raw: bytes, match: re.Match[bytes]) -> None:
+        """feed_bytes of a line metrics_match took (`match`: its result)."""
+        self.seq += 1
+        self._metrics_line(int(match.group(1)), raw[match.end() :], raw)
 
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1
@@ -316,6 +386,7 @@ class Evidence:
     def _progressed(self) -> None:
         """Training went on: every error seen so far was survived (nothing to clear on most step lines)."""
         self.progress_seq = self.seq
+        self.progress_count += 1
         if self.events or self.events_dropped:
             self.events = []
             self.events_dropped = 0

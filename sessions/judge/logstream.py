@@ -158,14 +158,15 @@ class NeedleMatcher:
                 raise RuntimeError("hyperscan is not importable")
         self.engine = "hyperscan" if self.database is not None else "bytes.find"
 
-    def line_starts(self, buf: bytearray, hi: int, starts: set[int]) -> None:
-        """Add the start offset of every line in buf[:hi] that holds a needle."""
+    def line_starts(self, buf: bytearray | bytes, hi: int, starts: set[int], lo: int = 0) -> None:
+        """Add the start offset of every line in buf[lo:hi] that holds a needle (lo: a line start)."""
         if self.database is None:
             for needle in self.needles:
-                _collect(buf, needle, 0, hi, starts)
+                _collect(buf, needle, lo, hi, starts)
             return
         ends: list[int] = []
-        self.database.scan(memoryview(buf)[:hi], match_event_handler=lambda _id, _f, to, _fl, _c: ends.append(to))
+        self.database.scan(memoryview(buf)[lo:hi],
+                           match_event_handler=lambda _id, _f, to, _fl, _c: ends.append(to + lo))
         rfind = buf.rfind
         last_line = -1
         for to in ends:  # in order: skip hits in the line just added
@@ -177,16 +178,18 @@ class NeedleMatcher:
             last_line = hi if end == -1 else end
 
 
-def hyperscan_database(needles: Sequence[bytes], single_match: bool = False):
+def hyperscan_database(needles: Sequence[bytes], single_match: bool = False, regex: bool = False):
     """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed.
-    `single_match`: one report per literal per scan (enough to know which literals a line holds)."""
+    `single_match`: one report per literal per scan (enough to know which literals a line holds); `regex`: the
+    needles are regular expressions already."""
     try:
         import hyperscan
     except ImportError:
         return None
     flag = hyperscan.HS_FLAG_SINGLEMATCH if single_match else 0
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(expressions=[re.escape(n) for n in needles], ids=list(range(len(needles))),
+    database.compile(expressions=list(needles) if regex else [re.escape(n) for n in needles],
+                     ids=list(range(len(needles))),
                      elements=len(needles), flags=[flag] * len(needles))
     return database
 

@@ -1,0 +1,280 @@
+"""Judging a file without feeding the lines whose effect the next progress clears (same verdict, less work).
+
+Evidence has two kinds of state: lasting facts (steps, planned totals, settings, phases, ...) and what only the
+error events since the last progress hold (events, traceback areas, the driver's failure, death causes). A line of
+the second kind — an error, a traceback frame, a logger's ERROR line — matters only when no progress (a new step, a
+complete bar, final validation) follows it. On real logs most prefilter hits are of that kind.
+
+So after each progress the reader skims: one small Hyperscan pass per chunk finds the lines that can hold a lasting
+effect (the literals of the table's fact / limitation / noise / phase-marker patterns, `step:`, `No module`) and only
+those are fed; the other lines of the chunk are not even located. When the next progress comes, what was skipped is
+cleared anyway. When the log ends first (or a line whose lasting effect depends on the error-storm cap comes, or the
+skipped region grows past PENDING_LIMIT), the evidence goes back to its copy from the region's start and the region is
+read again exactly, every prefilter hit fed in order. Both ways feed Evidence the same lines `scan_file` yields, in
+the same chunks, so the verdict is the one of feeding every hit line (tests/test_verdict_engine.py checks it).
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from sessions.judge.evidence import MAX_EVENTS, Evidence, lasting, metrics_match
+from sessions.judge.logstream import (
+    NeedleMatcher,
+    ScanStats,
+    hyperscan_database,
+    last_bar_start,
+    line_at,
+    read_chunks,
+)
+from sessions.judge.needles import DISPATCH, needles_of
+from sessions.judge.patterns import PATTERNS
+from sessions.judge.record import PHASE_INDEX
+
+EXACT_WINDOW = 256 << 10  # exact reading locates hit lines this much at a time (it stops at the next progress)
+PENDING_LIMIT = 2 << 20  # skipped bytes kept across chunks for a possible re-read; past it: read them exactly now
+RAY_UP = PHASE_INDEX["ray-up"]
+WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past which LastingLines changes way
+# Checked by Evidence._line in the normalised text, not through the pattern table. Like the table's dispatch (which
+# looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
+TEXT_LITERALS = ("step", "No module")
+
+
+class LastingLines:
+    """The prefilter hit lines of a chunk that may hold a lasting effect: a literal of a lasting pattern (the
+    literals the table's dispatch looks for in the raw line) or of TEXT_LITERALS. Two ways, same lines: `dense`
+    (many hits the next progress clears, real logs' tracebacks and warnings): one pass for the lasting literals,
+    then the few lines found by a literal that holds no prefilter needle (tqdm's `Training Progress`) checked
+    against the prefilter; else one prefilter pass, its hit lines then checked for a lasting literal."""
+
+    def __init__(self, prefilter: NeedleMatcher):
+        found = {lit for p in PATTERNS if lasting(p) for lit in needles_of(p)} | set(TEXT_LITERALS)
+        # a literal holding another finds no line the other does not (fewer literals: a faster pass)
+        literals = sorted(lit.encode() for lit in found if not any(o != lit and o in lit for o in found))
+        self.prefilter = prefilter
+        self.literals = NeedleMatcher(literals)
+        self.sure = [any(n in literal for n in prefilter.needles) for literal in literals]
+        self.checked = tuple(lit.encode() for lit in TEXT_LITERALS) + tuple(
+            lit for lit in literals if lit.decode() not in TEXT_LITERALS)  # the frequent ones first
+
+    @property
+    def available(self) -> bool:
+        return self.literals.database is not None and self.prefilter.database is not None
+
+    def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], int]:
+        """(sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, how many other lines
+        were looked at: what the other way would not have looked at)."""
+        if dense:
+            starts, unsure = self._by_literal(buf, cut)
+            if not unsure:
+                return starts, 0
+            misses = set(unsure) - _holding(buf, cut, unsure, self.prefilter)
+            return ([s for s in starts if s not in misses] if misses else starts), len(unsure)
+        found: set[int] = set()
+        self.prefilter.line_starts(buf, cut, found)
+        kept: list[int] = []
+        find, literals = buf.find, self.checked
+        for start in sorted(found):
+            end = find(b"\n", start, cut)
+            end = cut if end == -1 else end
+            for literal in literals:
+                if find(literal, start, end) != -1:
+                    kept.append(start)
+                    break
+        return kept, len(found) - len(kept)
+
+    def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int]]:
+        """Starts of the lines holding a lasting literal, and those of them holding only unsure ones."""
+        found: list[int] = []
+        self.literals.database.scan(memoryview(buf)[:cut],
+                                    match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
+        starts: list[int] = []
+        unsure: list[int] = []
+        rfind, find, sure = buf.rfind, buf.find, self.sure
+        line_end = -1
+        for code in found:  # in end-offset order: later hits in the line just added only confirm it
+            to, i = code >> 8, code & 0xFF
+            if to <= line_end:
+                if sure[i] and unsure and unsure[-1] == starts[-1]:
+                    unsure.pop()
+                continue
+            starts.append(rfind(b"\n", 0, to) + 1)
+            if not sure[i]:
+                unsure.append(starts[-1])
+            end = find(b"\n", to, cut)
+            line_end = cut if end == -1 else end
+        return starts, unsure
+
+
+def _holding(buf: bytearray, cut: int, starts: list[int], matcher: NeedleMatcher) -> set[int]:
+    """Those of the line starts whose line holds one of the matcher's needles (the lines joined, one scan)."""
+    pieces, offsets, pos, find = [], {}, 0, buf.find
+    for start in starts:
+        end = find(b"\n", start, cut)
+        piece = buf[start : cut if end == -1 else end]
+        pieces.append(piece)
+        offsets[pos] = start
+        pos += len(piece) + 1
+    joined = b"\n".join(pieces)
+    found: set[int] = set()
+    matcher.line_starts(joined, len(joined), found)
+    return {offsets[offset] for offset in found}
+
+
+class Skim:
+    """One file through one Evidence (see module docstring). `run` feeds it; `decide` reads it afterwards."""
+
+    def __init__(self, evidence: Evidence, matcher: NeedleMatcher, lasting_lines: LastingLines,
+                 last_only: bytes | None):
+        self.ev = evidence
+        self.matcher = matcher
+        self.lasting = lasting_lines
+        self.last_only = last_only
+        self.skimming = False  # since the region's start only lasting lines are fed
+        self.dense = False  # which way LastingLines finds them (the cheaper on the last chunk)
+        self.saved: dict | None = None  # evidence at the region's start (None: nothing fed since)
+        self.pending: list[tuple[bytes, int | None]] = []  # earlier chunks' part of the region, with their bar line
+        self.pending_bytes = 0
+        self.bound = 0  # more than the error events there can be since the region's start (its lines and \r)
+        self.counted = 0  # offset in the chunk up to which the region's lines are in bound
+
+    def run(self, path: str | os.PathLike[str], chunk_size: int, stats: ScanStats) -> None:
+        chunks = read_chunks(path, chunk_size, stats)
+        keep_from = None
+        while True:
+            try:
+                buf, cut, eof = chunks.send(keep_from)
+            except StopIteration:
+                return
+            keep_from = self._chunk(buf, cut, eof)
+
+    # -- one chunk -------------------------------------------------------------------------------------------
+    def _chunk(self, buf: bytearray, cut: int, eof: bool) -> int:
+        bar = last_bar_start(buf, cut, self.last_only)
+        candidates = None
+        pos = 0
+        region = 0  # where this chunk's part of the region starts (when skimming)
+        while True:
+            if not self.skimming:
+                pos, progressed = self._exact(buf, pos, cut, eof, bar)
+                if not progressed:
+                    return pos
+                self._new_region()
+                region = self.counted = pos
+                continue
+            if candidates is None:
+                candidates, looked = self.lasting.line_starts(buf, cut, self.dense)
+                if looked > cut * WASTED_PER_BYTE:  # the other way looks at fewer lines: take it next chunk
+                    self.dense = not self.dense
+            pos, done = self._skim(buf, pos, cut, eof, bar, candidates)
+            if done and not eof:
+                keep_from = pos
+                if self.pending_bytes + keep_from - region <= PENDING_LIMIT:
+                    if keep_from > region:
+                        self._bound(buf, keep_from)
+                        self.counted = 0  # the next chunk starts with the region's next line
+                        self.pending.append((bytes(buf[region:keep_from]),
+                                             bar - region if bar is not None and region <= bar < keep_from else None))
+                        self.pending_bytes += keep_from - region
+                    return keep_from
+            elif done is None:  # a progress: the region starts again after it
+                self._new_region()
+                region = self.counted = pos
+                continue
+            self._go_back()  # the log ends, a storm-sensitive line, or too much skipped: read the region exactly
+            pos = region
+
+    def _exact(self, buf, pos: int, cut: int, eof: bool, bar: int | None) -> tuple[int, bool]:
+        """Feed every hit line from pos on; stop after a progress. -> (offset reached, progressed); a deferred step
+        line stops it at its start (the chunk ends there)."""
+        ev = self.ev
+        while pos < cut:
+            hi = buf.find(b"\n", min(cut, pos + EXACT_WINDOW) - 1, cut) + 1 or cut
+            starts: set[int] = set()
+            self.matcher.line_starts(buf, hi, starts, lo=pos)
+            if bar is not None and pos <= bar < hi:
+                starts.add(bar)
+            for start in sorted(starts):
+                if start < pos:
+                    continue
+                line, nxt, deferred = line_at(buf, start, cut, eof)
+                if deferred:
+                    return start, False
+                count = ev.progress_count
+                ev.feed_bytes(line)
+                pos = nxt
+                if ev.progress_count != count and ev.reached >= RAY_UP:
+                    return pos, True
+            pos = max(pos, hi)
+        return cut, False
+
+    def _skim(self, buf, pos: int, cut: int, eof: bool, bar: int | None,
+              candidates: list[int]) -> tuple[int, bool | None]:
+        """Feed the lasting lines from pos on. -> (offset, True) at the chunk's end or a deferred step line
+        (offset = its start), (offset after it, None) after a progress, (its start, False) at a line that needs
+        the skipped lines first."""
+        ev = self.ev
+        for start in _merged(candidates, bisect_left(candidates, pos), bar if bar is not None and bar >= pos else None):
+            if start < pos:
+                continue
+            line, nxt, deferred = line_at(buf, start, cut, eof)
+            if deferred:
+                return start, True
+            match = metrics_match(line)
+            if match is not None and int(match.group(1)) > ev.max_step:  # goes on training whatever was skipped
+                ev.feed_metrics(line, match)
+                return nxt, None
+            cands = DISPATCH.candidates(line)
+            if match is None and self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
+                return start, False
+            if self.saved is None:
+                self.saved = ev.snapshot()
+            count = ev.progress_count
+            ev.feed_bytes(line, cands)
+            pos = nxt
+            if ev.progress_count != count:
+                return pos, None
+        return cut, (False if eof else True)
+
+    def _new_region(self) -> None:
+        self.skimming = True
+        self.saved = None
+        self.pending = []
+        self.pending_bytes = 0
+        self.bound = len(self.ev.events) + 1  # + the last line, when it has no newline
+
+    def _bound(self, buf, upto: int) -> int:
+        """bound, with the region's lines up to `upto` counted (only until it reaches MAX_EVENTS: then it stays)."""
+        if self.bound < MAX_EVENTS and upto > self.counted:
+            self.bound += buf.count(b"\n", self.counted, upto) + buf.count(b"\r", self.counted, upto)
+            self.counted = upto
+        return self.bound
+
+    def _go_back(self) -> None:
+        """Evidence as at the region's start, and the region's earlier chunks read exactly (this chunk's part is
+        the caller's)."""
+        if self.saved is not None:
+            self.ev.restore(self.saved)
+            self.saved = None
+        for segment, bar in self.pending:
+            pos = 0
+            while pos < len(segment):
+                pos, _ = self._exact(segment, pos, len(segment), True, bar)
+        self.pending = []
+        self.pending_bytes = 0
+        self.skimming = False
+
+
+def _merged(starts: list[int], index: int, bar: int | None):
+    """The lasting candidates from index on, with the chunk's bar line (always fed) in order."""
+    for i in range(index, len(starts)):
+        start = starts[i]
+        if bar is not None and bar <= start:
+            if bar < start:
+                yield bar
+            bar = None
+        yield start
+    if bar is not None:
+        yield bar
