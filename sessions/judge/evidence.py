@@ -126,10 +126,14 @@ def lasting(pattern: Pattern) -> bool:
     return pattern.kind in ("fact", "limitation", "noise") or (pattern.kind == "marker" and pattern.phase is not None)
 
 
-def metrics_match(raw: bytes) -> re.Match[bytes] | None:
-    """The `step:N - ` of a plain metrics line (N > 0, no tqdm redraw): feed_bytes's fast path takes it."""
+_NO_MATCH_YET = object()
+
+
+def metrics_match(raw: bytes, step: re.Match[bytes] | None | object = _NO_MATCH_YET) -> re.Match[bytes] | None:
+    """The `step:N - ` of a plain metrics line (N > 0, no tqdm redraw): feed_bytes's fast path takes it. `step`:
+    step_line_match(raw) when the caller has it."""
     if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
-        match = step_line_match(raw)
+        match = step_line_match(raw) if step is _NO_MATCH_YET else step
         if match and int(match.group(1)) > 0:
             return match
     return None
@@ -269,10 +273,18 @@ class Evidence:
         for line in normalise(raw.decode("utf-8", "replace")):
             self._line(line, candidates)
 
-    def feed_metrics(self, raw: bytes, match: re.Match[bytes]) -> None:
-        """feed_bytes of a line metrics_match took (`match`: its result)."""
+    def feed_metrics(self, raw: bytes, match: re.Match[bytes], finite: bool = False) -> None:
+        """feed_bytes of a line metrics_match took (`match`: its result). `finite`: the caller knows its metrics
+        hold no `nan` or `inf` (a bulk search of the chunk)."""
         self.seq += 1
-        self._metrics_line(int(match.group(1)), raw[match.end() :], raw)
+        self._metrics_line(int(match.group(1)), raw[match.end() :], raw, finite)
+
+    def feed_metrics_run(self, items: list[tuple[bytes, re.Match[bytes], bool]]) -> None:
+        """feed_metrics of each (line, match, finite), in order: a run of plain metrics lines whose steps each pass
+        the highest so far (the caller checked it)."""
+        for raw, match, finite in items:
+            self.seq += 1
+            self._metrics_line(int(match.group(1)), raw[match.end() :], raw, finite)
 
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1
@@ -398,7 +410,7 @@ class Evidence:
         self.open_traceback = None
         self.fit_seen = False
 
-    def _metrics_line(self, step: int, rest: bytes, raw: bytes) -> None:
+    def _metrics_line(self, step: int, rest: bytes, raw: bytes, finite: bool = False) -> None:
         """`_step` of a bytes `step:N - ` line with N > 0 (the fast path of a long run's metrics lines), inlined;
         its Ray prefix needs no ray-up: training is further."""
         if self.reached < TRAINING:
@@ -419,7 +431,7 @@ class Evidence:
             if len(tail) == METRICS_TAIL_STEPS:
                 self.metrics_dropped += 1
             tail.append((step, rest))
-        if b"nan" in rest or b"inf" in rest:
+        if not finite and (b"nan" in rest or b"inf" in rest):
             self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
 
     def _advance(self, phase: str) -> None:

@@ -37,6 +37,8 @@ RAY_PREFIX_RE = re.compile(
     r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
 )
 ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:3\d|39|0)m")
+ANSI_BYTES_RE = re.compile(ANSI_RE.pattern.encode())
+ANSI_RESIDUE_BYTES_RE = re.compile(ANSI_RESIDUE_RE.pattern.encode())
 RANK_PREFIX_RE = re.compile(r"^\[[Rr]ank\d+\]:\s?")
 REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
@@ -239,27 +241,31 @@ def last_bar_start(buf: bytearray, cut: int, needle: bytes | None) -> int | None
     return None if pos == -1 else buf.rfind(b"\n", 0, pos) + 1
 
 
-def line_at(buf: bytearray | bytes, start: int, cut: int, eof: bool) -> tuple[bytes, int, bool]:
-    """(line, offset after it, deferred) for the line at `start`: a `step:N - ...` line with its wrapped
-    continuation lines joined; deferred when those may go on past `cut` (read it again with the next chunk)."""
+def line_at(buf: bytearray | bytes, start: int, cut: int, eof: bool) -> tuple[bytes, int, bool, re.Match | None]:
+    """(line, offset after it, deferred, its `step:N - ` match) for the line at `start`: a `step:N - ...` line
+    with its wrapped continuation lines joined; deferred when those may go on past `cut` (read it again with the
+    next chunk)."""
     end = buf.find(b"\n", start, cut)
     end = cut if end == -1 else end
     line = bytes(buf[start:end])
     consumed = end + 1
-    if _is_step_line(line):
+    step = step_line_match(line) if b"step:" in line else None
+    if step is not None:
         nxt = end + 1
         while nxt < cut and len(line) < MAX_JOINED_STEP:
             nxt_end = buf.find(b"\n", nxt, cut)
             if nxt_end == -1:
                 nxt_end = cut
+            if buf[nxt : nxt + 1] in (b"\x1b", b"+", b"["):  # no continuation starts so (_is_continuation)
+                break
             piece = bytes(buf[nxt:nxt_end])
             if not _is_continuation(piece):
                 break
             line += piece.rstrip(b"\r")
             consumed = nxt = nxt_end + 1
         if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
-            return line, consumed, True
-    return line, consumed, False
+            return line, consumed, True, step
+    return line, consumed, False, step
 
 
 def scan_file(
@@ -294,7 +300,7 @@ def scan_file(
             for start in sorted(starts):
                 if start < consumed:
                     continue
-                line, consumed, deferred = line_at(buf, start, cut, eof)
+                line, consumed, deferred, _ = line_at(buf, start, cut, eof)
                 if deferred:
                     keep_from = start  # its continuation may be in the next chunk: redo it then
                     break

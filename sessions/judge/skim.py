@@ -17,17 +17,22 @@ the same chunks, so the verdict is the one of feeding every hit line (tests/test
 from __future__ import annotations
 
 import os
+import re
 from bisect import bisect_left
 from collections.abc import Sequence
 
 from sessions.judge.evidence import MAX_EVENTS, Evidence, lasting, metrics_match
+from sessions.judge.literals import required_words
 from sessions.judge.logstream import (
+    ANSI_BYTES_RE,
+    ANSI_RESIDUE_BYTES_RE,
     NeedleMatcher,
     ScanStats,
     hyperscan_database,
     last_bar_start,
     line_at,
     read_chunks,
+    step_line_match,
 )
 from sessions.judge.needles import DISPATCH, needles_of
 from sessions.judge.patterns import PATTERNS
@@ -36,6 +41,8 @@ from sessions.judge.record import PHASE_INDEX
 EXACT_WINDOW = 256 << 10  # exact reading locates hit lines this much at a time (it stops at the next progress)
 PENDING_LIMIT = 2 << 20  # skipped bytes kept across chunks for a possible re-read; past it: read them exactly now
 RAY_UP = PHASE_INDEX["ray-up"]
+CONTINUATION_NEVER = b"\x1b+["  # first bytes of a line that never continues a wrapped step line (_is_continuation)
+NONFINITE = hyperscan_database((b"nan", b"inf"))  # what makes Evidence check a metrics line's values
 WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past which LastingLines changes way
 # Checked by Evidence._line in the normalised text, not through the pattern table. Like the table's dispatch (which
 # looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
@@ -47,31 +54,52 @@ class LastingLines:
     literals the table's dispatch looks for in the raw line) or of TEXT_LITERALS. Two ways, same lines: `dense`
     (many hits the next progress clears, real logs' tracebacks and warnings): one pass for the lasting literals,
     then the few lines found by a literal that holds no prefilter needle (tqdm's `Training Progress`) checked
-    against the prefilter; else one prefilter pass, its hit lines then checked for a lasting literal."""
+    against the prefilter; else one prefilter pass, its hit lines then checked for a lasting literal.
+
+    The dense way also tells which literals each line holds: `may_last` then drops the lines no lasting pattern
+    can match (the words its regex requires are missing: a config dump's `'checkpoint': {...}` is no `Saving
+    checkpoint to`), no step line, no new missing extension."""
 
     def __init__(self, prefilter: NeedleMatcher):
         found = {lit for p in PATTERNS if lasting(p) for lit in needles_of(p)} | set(TEXT_LITERALS)
         # a literal holding another finds no line the other does not (fewer literals: a faster pass)
-        literals = sorted(lit.encode() for lit in found if not any(o != lit and o in lit for o in found))
+        kept = sorted(lit for lit in found if not any(o != lit and o in lit for o in found))
+        literals = [lit.encode() for lit in kept]
         self.prefilter = prefilter
         self.literals = NeedleMatcher(literals)
         self.sure = [any(n in literal for n in prefilter.needles) for literal in literals]
         self.checked = tuple(lit.encode() for lit in TEXT_LITERALS) + tuple(
             lit for lit in literals if lit.decode() not in TEXT_LITERALS)  # the frequent ones first
+        # per literal: what a line holding it may match (a pattern: its needles and required words; TEXT_LITERALS)
+        self.conditions: list[list] = []
+        for literal in kept:
+            conditions: list = [text for text in TEXT_LITERALS if literal in text]
+            for p in PATTERNS:
+                needles = needles_of(p)
+                if lasting(p) and any(literal in n for n in needles):
+                    words = required_words(p.regex)
+                    caseless = bool(re.compile(p.regex).flags & re.IGNORECASE)
+                    conditions.append((tuple(n.encode() for n in needles), caseless,
+                                       None if words is None else tuple(tuple(w.encode() for w in alt)
+                                                                       for alt in words)))
+            self.conditions.append(conditions)
 
     @property
     def available(self) -> bool:
         return self.literals.database is not None and self.prefilter.database is not None
 
-    def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], int]:
-        """(sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, how many other lines
-        were looked at: what the other way would not have looked at)."""
+    def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], list[int] | None, int]:
+        """(sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, the literals each holds
+        as a bit mask (dense way only), how many other lines were looked at: what the other way would not)."""
         if dense:
-            starts, unsure = self._by_literal(buf, cut)
+            starts, masks, unsure = self._by_literal(buf, cut)
             if not unsure:
-                return starts, 0
+                return starts, masks, 0
             misses = set(unsure) - _holding(buf, cut, unsure, self.prefilter)
-            return ([s for s in starts if s not in misses] if misses else starts), len(unsure)
+            if misses:
+                kept = [i for i, s in enumerate(starts) if s not in misses]
+                starts, masks = [starts[i] for i in kept], [masks[i] for i in kept]
+            return starts, masks, len(unsure)
         found: set[int] = set()
         self.prefilter.line_starts(buf, cut, found)
         kept: list[int] = []
@@ -83,29 +111,82 @@ class LastingLines:
                 if find(literal, start, end) != -1:
                     kept.append(start)
                     break
-        return kept, len(found) - len(kept)
+        return kept, None, len(found) - len(kept)
 
-    def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int]]:
-        """Starts of the lines holding a lasting literal, and those of them holding only unsure ones."""
+    def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
+        """Starts of the lines holding a lasting literal, their literal masks, those holding only unsure ones."""
         found: list[int] = []
         self.literals.database.scan(memoryview(buf)[:cut],
                                     match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
         starts: list[int] = []
+        masks: list[int] = []
         unsure: list[int] = []
         rfind, find, sure = buf.rfind, buf.find, self.sure
         line_end = -1
-        for code in found:  # in end-offset order: later hits in the line just added only confirm it
+        for code in found:  # in end-offset order: later hits in the line just added only add to its mask
             to, i = code >> 8, code & 0xFF
             if to <= line_end:
+                masks[-1] |= 1 << i
                 if sure[i] and unsure and unsure[-1] == starts[-1]:
                     unsure.pop()
                 continue
             starts.append(rfind(b"\n", 0, to) + 1)
+            masks.append(1 << i)
             if not sure[i]:
                 unsure.append(starts[-1])
             end = find(b"\n", to, cut)
             line_end = cut if end == -1 else end
-        return starts, unsure
+        return starts, masks, unsure
+
+    def may_last(self, raw: bytes, mask: int, evidence: Evidence) -> bool:
+        """Whether the line (holding the literals of `mask`) may change more than the next progress clears."""
+        lower = None
+        index = 0
+        while mask:
+            if mask & 1:
+                for condition in self.conditions[index]:
+                    if condition == "step":
+                        if b"step:" in raw or b"step:" in _uncoloured(raw):
+                            return True
+                    elif condition == "No module":
+                        if _new_extension(raw, evidence):
+                            return True
+                    else:
+                        needles, caseless, words = condition
+                        if any(n in raw for n in needles):
+                            if words is None:
+                                return True
+                            if caseless and lower is None:
+                                lower = raw.lower()
+                            text = lower if caseless else raw
+                            if any(all(w in text for w in alt) for alt in words):
+                                return True
+            mask >>= 1
+            index += 1
+        return False
+
+
+EXTENSION_BYTES_RE = re.compile(rb"No module named '(?:\w+\.)+(_\w+)'")
+
+
+def _uncoloured(raw: bytes) -> bytes:
+    """The line without ANSI codes or their residue (what normalise removes inside a line)."""
+    if b"\x1b" in raw:
+        raw = ANSI_BYTES_RE.sub(b"", raw)
+    if b"[3" in raw or b"[0m" in raw:
+        raw = ANSI_RESIDUE_BYTES_RE.sub(b"", raw)
+    return raw
+
+
+def _new_extension(raw: bytes, evidence: Evidence) -> bool:
+    """Whether the line may note a compiled extension the evidence has not noted yet (Evidence._line: the first
+    `No module named 'a.b._c'` of each logical line, up to 20)."""
+    if len(evidence.missing_ext) >= 20 or b"._" not in raw:
+        return False
+    if not raw.isascii():
+        return True  # \w beyond ASCII: let Evidence decide
+    known = evidence.missing_ext
+    return any(name.decode() not in known for name in EXTENSION_BYTES_RE.findall(_uncoloured(raw)))
 
 
 def _holding(buf: bytearray, cut: int, starts: list[int], matcher: NeedleMatcher) -> set[int]:
@@ -139,6 +220,7 @@ class Skim:
         self.pending_bytes = 0
         self.bound = 0  # more than the error events there can be since the region's start (its lines and \r)
         self.counted = 0  # offset in the chunk up to which the region's lines are in bound
+        self.region = 0  # where the region starts in this chunk (0: in an earlier one)
 
     def run(self, path: str | os.PathLike[str], chunk_size: int, stats: ScanStats) -> None:
         chunks = read_chunks(path, chunk_size, stats)
@@ -153,36 +235,31 @@ class Skim:
     # -- one chunk -------------------------------------------------------------------------------------------
     def _chunk(self, buf: bytearray, cut: int, eof: bool) -> int:
         bar = last_bar_start(buf, cut, self.last_only)
+        self.nonfinite = None  # ends of this chunk's `nan` and `inf`, when a metrics line first asks
         candidates = None
-        pos = 0
-        region = 0  # where this chunk's part of the region starts (when skimming)
+        pos = self.region = self.counted = 0
         while True:
             if not self.skimming:
                 pos, progressed = self._exact(buf, pos, cut, eof, bar)
                 if not progressed:
                     return pos
-                self._new_region()
-                region = self.counted = pos
+                self._new_region(pos)
                 continue
             if candidates is None:
-                candidates, looked = self.lasting.line_starts(buf, cut, self.dense)
+                candidates, masks, looked = self.lasting.line_starts(buf, cut, self.dense)
                 if looked > cut * WASTED_PER_BYTE:  # the other way looks at fewer lines: take it next chunk
                     self.dense = not self.dense
-            pos, done = self._skim(buf, pos, cut, eof, bar, candidates)
+            pos, done = self._skim(buf, pos, cut, eof, bar, candidates, masks)
+            region = self.region
             if done and not eof:
                 keep_from = pos
                 if self.pending_bytes + keep_from - region <= PENDING_LIMIT:
                     if keep_from > region:
                         self._bound(buf, keep_from)
-                        self.counted = 0  # the next chunk starts with the region's next line
                         self.pending.append((bytes(buf[region:keep_from]),
                                              bar - region if bar is not None and region <= bar < keep_from else None))
                         self.pending_bytes += keep_from - region
                     return keep_from
-            elif done is None:  # a progress: the region starts again after it
-                self._new_region()
-                region = self.counted = pos
-                continue
             self._go_back()  # the log ends, a storm-sensitive line, or too much skipped: read the region exactly
             pos = region
 
@@ -199,7 +276,7 @@ class Skim:
             for start in sorted(starts):
                 if start < pos:
                     continue
-                line, nxt, deferred = line_at(buf, start, cut, eof)
+                line, nxt, deferred, _ = line_at(buf, start, cut, eof)
                 if deferred:
                     return start, False
                 count = ev.progress_count
@@ -210,39 +287,98 @@ class Skim:
             pos = max(pos, hi)
         return cut, False
 
-    def _skim(self, buf, pos: int, cut: int, eof: bool, bar: int | None,
-              candidates: list[int]) -> tuple[int, bool | None]:
-        """Feed the lasting lines from pos on. -> (offset, True) at the chunk's end or a deferred step line
-        (offset = its start), (offset after it, None) after a progress, (its start, False) at a line that needs
-        the skipped lines first."""
+    def _skim(self, buf, pos: int, cut: int, eof: bool, bar: int | None, candidates: list[int],
+              masks: list[int] | None) -> tuple[int, bool]:
+        """Feed the lasting lines from pos on; after each progress the region starts again after it. -> (offset,
+        True) at the chunk's end or a deferred step line (offset = its start), (its start, False) at a line that
+        needs the skipped lines first, (cut, False) at the log's end."""
         ev = self.ev
-        for start in _merged(candidates, bisect_left(candidates, pos), bar if bar is not None and bar >= pos else None):
+        index, count = bisect_left(candidates, pos), len(candidates)
+        if bar is not None and bar < pos:
+            bar = None  # fed already
+        while True:
+            if bar is not None and (index == count or bar <= candidates[index]):
+                start, mask = bar, None  # the chunk's last tqdm bar, fed in its place
+                if index < count and candidates[index] == bar:
+                    index += 1
+                bar = None
+            elif index < count:
+                start, mask = candidates[index], None if masks is None else masks[index]
+                index += 1
+            else:
+                return cut, not eof
             if start < pos:
                 continue
-            line, nxt, deferred = line_at(buf, start, cut, eof)
+            line, nxt, deferred, step = line_at(buf, start, cut, eof)
             if deferred:
                 return start, True
-            match = metrics_match(line)
+            match = metrics_match(line, step) if step is not None else None
             if match is not None and int(match.group(1)) > ev.max_step:  # goes on training whatever was skipped
-                ev.feed_metrics(line, match)
-                return nxt, None
+                ev.feed_metrics(line, match, nxt == start + len(line) + 1 and self._finite(buf, cut, start, match, line))
+                index, pos = self._metrics_run(buf, cut, candidates, index, nxt, bar)
+                self._new_region(pos)
+                continue
+            if mask is not None and match is None and not self.lasting.may_last(line, mask, ev):
+                continue
             cands = DISPATCH.candidates(line)
             if match is None and self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
                 return start, False
             if self.saved is None:
                 self.saved = ev.snapshot()
-            count = ev.progress_count
+            progress = ev.progress_count
             ev.feed_bytes(line, cands)
             pos = nxt
-            if ev.progress_count != count:
-                return pos, None
-        return cut, (False if eof else True)
+            if ev.progress_count != progress:
+                self._new_region(pos)
 
-    def _new_region(self) -> None:
+    def _metrics_run(self, buf, cut: int, candidates: list[int], index: int, pos: int,
+                     bar: int | None) -> tuple[int, int]:
+        """Feed at once the candidates from `index` on that are plain metrics lines going on training (what
+        _skim's first branch takes, one step past the other, before the bar line): a long run's metrics lines.
+        -> (index of the first candidate not taken, offset after the last taken)."""
+        find, last, items = buf.find, self.ev.max_step, []
+        stop = cut if bar is None else bar
+        while index < len(candidates):
+            start = candidates[index]
+            end = find(b"\n", start, cut)
+            # not the chunk's last line, and a next line no continuation starts so: line_at would not join it
+            if start >= stop or end == -1 or end + 1 >= cut or buf[end + 1] not in CONTINUATION_NEVER:
+                break
+            line = bytes(buf[start:end])
+            if b"\r" in line or b"training/global_step" not in line:
+                break
+            match = step_line_match(line)
+            if match is None:
+                break
+            step = int(match.group(1))
+            if step <= last:
+                break
+            items.append((line, match, self._finite(buf, cut, start, match, line)))
+            last, pos, index = step, end + 1, index + 1
+        if items:
+            self.ev.feed_metrics_run(items)
+        return index, pos
+
+    def _finite(self, buf, cut: int, start: int, match, line: bytes) -> bool:
+        """No `nan`/`inf` in the metrics of this (not joined) line: looked up in one search of the chunk for both."""
+        if self.nonfinite is None:
+            ends: list[int] = []
+            NONFINITE.scan(memoryview(buf)[:cut], match_event_handler=lambda _i, _f, to, _fl, _c: ends.append(to))
+            self.nonfinite = ends
+        ends = self.nonfinite
+        lo = start + match.end() + 3  # a match ending here or later starts inside the metrics
+        i = bisect_left(ends, lo)
+        return i == len(ends) or ends[i] > start + len(line)
+
+    def _new_region(self, start: int) -> None:
+        """A progress: nothing skipped before `start` matters any more."""
         self.skimming = True
-        self.saved = None
-        self.pending = []
-        self.pending_bytes = 0
+        self.region = self.counted = start
+        if self.saved is not None:
+            self.saved = None
+        if self.pending:
+            self.pending = []
+            self.pending_bytes = 0
         self.bound = len(self.ev.events) + 1  # + the last line, when it has no newline
 
     def _bound(self, buf, upto: int) -> int:
@@ -265,16 +401,3 @@ class Skim:
         self.pending = []
         self.pending_bytes = 0
         self.skimming = False
-
-
-def _merged(starts: list[int], index: int, bar: int | None):
-    """The lasting candidates from index on, with the chunk's bar line (always fed) in order."""
-    for i in range(index, len(starts)):
-        start = starts[i]
-        if bar is not None and bar <= start:
-            if bar < start:
-                yield bar
-            bar = None
-        yield start
-    if bar is not None:
-        yield bar
