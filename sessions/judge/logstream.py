@@ -180,19 +180,15 @@ class NeedleMatcher:
             last_line = hi if end == -1 else end
 
 
-def hyperscan_database(needles: Sequence[bytes], single_match: bool = False, regex: bool = False):
-    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed.
-    `single_match`: one report per literal per scan (enough to know which literals a line holds); `regex`: the
-    needles are regular expressions already."""
+def hyperscan_database(needles: Sequence[bytes]):
+    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed."""
     try:
         import hyperscan
     except ImportError:
         return None
-    flag = hyperscan.HS_FLAG_SINGLEMATCH if single_match else 0
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(expressions=list(needles) if regex else [re.escape(n) for n in needles],
-                     ids=list(range(len(needles))),
-                     elements=len(needles), flags=[flag] * len(needles))
+    database.compile(expressions=[re.escape(n) for n in needles], ids=list(range(len(needles))),
+                     elements=len(needles), flags=[0] * len(needles))
     return database
 
 
