@@ -137,3 +137,29 @@ def test_metrics_runs_with_nan_and_wrapped_lines(tmp_path):
     path.write_bytes(b"\n".join(lines) + b"\n")
     for chunk in (1 << 12, 1 << 14, 1 << 20):
         same_verdicts(path, chunk)
+
+
+def test_long_text_answers_as_re():
+    """LongText (Hyperscan for the table's regexes on long lines) agrees with re.search on long lines made of
+    real and corpus lines, each pattern on the text it is searched in."""
+    from sessions.judge.evidence import _head, _search
+    from sessions.judge.needles import LONG, LongText
+    from sessions.judge.patterns import compiled
+
+    table = compiled()
+    rng = random.Random(7)
+    pool = [line.decode("utf-8", "replace") for lines in sources() for line in lines if line]
+    texts = []
+    while len(texts) < 300:
+        text = " ".join(rng.choice(pool) for _ in range(rng.randrange(5, 60)))
+        if LongText.usable(text):
+            texts.append(text)
+    checked = 0
+    for index, (pattern, regex) in enumerate(table):
+        if LONG.database(index) is None:
+            continue
+        for text in texts:
+            head = _head(text)
+            assert bool(_search(index, regex, head, {})) == bool(regex.search(head)), (pattern.name, head[:200])
+            checked += 1
+    assert checked > 100 * 50, "LongText took too few patterns"

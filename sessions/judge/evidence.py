@@ -19,12 +19,13 @@ from typing import Any
 
 from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
-from sessions.judge.needles import DISPATCH
+from sessions.judge.needles import DISPATCH, LONG, LongText
 from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CORE_METRIC_RE,
     FRAME_RE,
     RAY_WRAPPER_RE,
+    Gated,
     Pattern,
     compiled,
 )
@@ -139,6 +140,27 @@ def metrics_match(raw: bytes, step: re.Match[bytes] | None | object = _NO_MATCH_
     return None
 
 
+def _head(text: str) -> str:
+    return text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
+
+
+def _search(index: int, regex, text: str, encoded: dict[int, bytes] | None):
+    """regex.search(text) of table pattern `index`; for a long line (`encoded`: the searched texts' bytes by
+    length, filled here) a bool from Hyperscan where LongText takes the pattern (the gate of its `also` literals
+    first, as Gated.search does)."""
+    database = LONG.database(index) if encoded is not None else None
+    if database is None:
+        return regex.search(text)
+    if isinstance(regex, Gated):
+        seen = text.lower() if regex.folded else text
+        if not any(literal in seen for literal in regex.also):
+            return None
+    data = encoded.get(len(text))
+    if data is None:
+        data = encoded[len(text)] = text.encode("ascii")
+    return LongText.search(database, data)
+
+
 def _copied(value: Any) -> Any:
     kind = type(value)
     if kind is deque:
@@ -233,14 +255,15 @@ class Evidence:
                 ext = EXTENSION_MODULE_RE.search(line.text) if "No module" in line.text else None
                 if ext and ext.group(1) not in self.missing_ext:
                     return True
-        dropped = [TABLE[i][1] for i in candidates if TABLE[i][0].kind not in LATE_KINDS_SET]
+        dropped = [i for i in candidates if TABLE[i][0].kind not in LATE_KINDS_SET]
         if not dropped:
             return False
         progress = any(TABLE[i][0].fact in PROGRESS_FACTS for i in candidates)
         if not progress and b"step:" not in raw:
             return False
         lines = normalise(raw.decode("utf-8", "replace")) if lines is None else lines
-        if not any(regex.search(line.text) for line in lines for regex in dropped):
+        if not any(_search(i, TABLE[i][1], _head(line.text), {} if LongText.usable(line.text) else None)
+                   for line in lines for i in dropped):
             return False  # the cap would drop candidates that do not match anyway
         if progress:
             return True
@@ -322,9 +345,10 @@ class Evidence:
         error_pattern: Pattern | None = None
         generic = False
         head = text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
+        encoded = {} if LongText.usable(text) else None  # a long line: Hyperscan answers (LongText)
         for index in candidates:
             pattern, regex = TABLE[index]
-            match = regex.search(text if pattern.kind in FULL_LINE_KINDS else head)
+            match = _search(index, regex, text if pattern.kind in FULL_LINE_KINDS else head, encoded)
             if not match:
                 continue
             kind = pattern.kind

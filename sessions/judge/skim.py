@@ -145,8 +145,8 @@ class LastingLines:
         while mask:
             if mask & 1:
                 for condition in self.conditions[index]:
-                    if condition == "step":
-                        if b"step:" in raw or b"step:" in _uncoloured(raw):
+                    if condition == "step":  # `step:`, maybe with a colour code before the colon
+                        if b"step:" in raw or (any(c in raw for c in CODE_AFTER_STEP) and b"step:" in _uncoloured(raw)):
                             return True
                     elif condition == "No module":
                         if _new_extension(raw, evidence):
@@ -166,6 +166,7 @@ class LastingLines:
         return False
 
 
+CODE_AFTER_STEP = (b"step\x1b", b"step[", b"step^[")  # an ANSI code (or its residue) right after `step`
 EXTENSION_BYTES_RE = re.compile(rb"No module named '(?:\w+\.)+(_\w+)'")
 
 
