@@ -302,12 +302,32 @@ class Evidence:
         self.seq += 1
         self._metrics_line(int(match.group(1)), raw[match.end() :], raw, finite)
 
-    def feed_metrics_run(self, items: list[tuple[bytes, re.Match[bytes], bool]]) -> None:
-        """feed_metrics of each (line, match, finite), in order: a run of plain metrics lines whose steps each pass
-        the highest so far (the caller checked it)."""
-        for raw, match, finite in items:
-            self.seq += 1
-            self._metrics_line(int(match.group(1)), raw[match.end() :], raw, finite)
+    def feed_metrics_run(self, run) -> None:
+        """feed_metrics of each line of a run of plain metrics lines whose steps each pass the highest so far (the
+        caller checked it), at once: nothing happens between them, so _metrics_line's effects are those of the
+        last line, the head metrics of the first ones, the tail of the last ones. `run`: .steps, .raw(i),
+        .rest(i) (the metrics after `step:N - `), .nonfinite (the lines whose metrics hold `nan` or `inf`)."""
+        steps = run.steps
+        count = len(steps)
+        self.seq += count
+        self._progressed()
+        self.progress_count += count - 1
+        self.max_step = steps[-1]
+        self.reached = max(self.reached, TRAINING)
+        self.phase = "training"
+        if self.noise_after_last_step:
+            self.noise_after_last_step = []
+        self.last_step_line = run.raw(count - 1)
+        head, tail = self.metrics_head, self.metrics_tail
+        parsed: dict[int, dict[str, float]] = {}
+        for i in range(min(count, max(0, METRICS_HEAD_STEPS - len(head)))):
+            head[steps[i]] = parsed[i] = parse_metrics(run.rest(i).decode("utf-8", "replace"))
+        if count > len(parsed):
+            self.metrics_dropped += max(0, len(tail) + count - len(parsed) - METRICS_TAIL_STEPS)
+            tail.extend((steps[i], run.rest(i)) for i in range(max(len(parsed), count - METRICS_TAIL_STEPS), count))
+        for i in run.nonfinite:
+            metrics = parsed[i] if i in parsed else parse_metrics(run.rest(i).decode("utf-8", "replace"))
+            self._check_finite(steps[i], metrics)
 
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1

@@ -101,13 +101,19 @@ def normalise(raw: str) -> list[LogLine]:
 
 def step_line_match(line: bytes) -> re.Match[bytes] | None:
     """The `step:N - ` of a metrics line (not `global_step:N`), found with bytes.find before any regex."""
-    pos = line.find(b"step:")
+    return step_match_in(line, 0, len(line))
+
+
+def step_match_in(buf: bytes | bytearray, start: int, end: int) -> re.Match[bytes] | None:
+    """step_line_match of the line buf[start:end], without copying it (offsets are buf's)."""
+    pos = buf.find(b"step:", start, end)
     while pos != -1:
-        if pos == 0 or not (line[pos - 1 : pos].isalnum() or line[pos - 1 : pos] in (b"_", b"/")):
-            match = STEP_AT_BYTES_RE.match(line, pos)
+        before = buf[pos - 1] if pos > start else 32
+        if not (48 <= before <= 57 or 65 <= before <= 90 or 97 <= before <= 122 or before in (95, 47)):
+            match = STEP_AT_BYTES_RE.match(buf, pos, end)
             if match:
                 return match
-        pos = line.find(b"step:", pos + 5)
+        pos = buf.find(b"step:", pos + 5, end)
     return None
 
 

@@ -32,7 +32,7 @@ from sessions.judge.logstream import (
     last_bar_start,
     line_at,
     read_chunks,
-    step_line_match,
+    step_match_in,
 )
 from sessions.judge.needles import DISPATCH, needles_of
 from sessions.judge.patterns import PATTERNS
@@ -315,7 +315,8 @@ class Skim:
                 return start, True
             match = metrics_match(line, step) if step is not None else None
             if match is not None and int(match.group(1)) > ev.max_step:  # goes on training whatever was skipped
-                ev.feed_metrics(line, match, nxt == start + len(line) + 1 and self._finite(buf, cut, start, match, line))
+                finite = nxt == start + len(line) + 1 and self._finite(buf, cut, start + match.end(), start + len(line))
+                ev.feed_metrics(line, match, finite)
                 index, pos = self._metrics_run(buf, cut, candidates, index, nxt, bar)
                 self._new_region(pos)
                 continue
@@ -335,9 +336,11 @@ class Skim:
     def _metrics_run(self, buf, cut: int, candidates: list[int], index: int, pos: int,
                      bar: int | None) -> tuple[int, int]:
         """Feed at once the candidates from `index` on that are plain metrics lines going on training (what
-        _skim's first branch takes, one step past the other, before the bar line): a long run's metrics lines.
-        -> (index of the first candidate not taken, offset after the last taken)."""
-        find, last, items = buf.find, self.ev.max_step, []
+        _skim's first branch takes, one step past the other, before the bar line): a long run's metrics lines,
+        looked at in the chunk without copying them. -> (index of the first candidate not taken, offset after
+        the last taken)."""
+        find, last = buf.find, self.ev.max_step
+        run = MetricsRun(buf)
         stop = cut if bar is None else bar
         while index < len(candidates):
             start = candidates[index]
@@ -345,31 +348,31 @@ class Skim:
             # not the chunk's last line, and a next line no continuation starts so: line_at would not join it
             if start >= stop or end == -1 or end + 1 >= cut or buf[end + 1] not in CONTINUATION_NEVER:
                 break
-            line = bytes(buf[start:end])
-            if b"\r" in line or b"training/global_step" not in line:
-                break
-            match = step_line_match(line)
+            if find(b"\r", start, end) != -1 or find(b"training/global_step", start, end) == -1:
+                break  # metrics_match
+            match = step_match_in(buf, start, end)
             if match is None:
                 break
             step = int(match.group(1))
             if step <= last:
                 break
-            items.append((line, match, self._finite(buf, cut, start, match, line)))
+            if not self._finite(buf, cut, match.end(), end):
+                run.nonfinite.append(len(run.steps))
+            run.add(start, match.end(), end, step)
             last, pos, index = step, end + 1, index + 1
-        if items:
-            self.ev.feed_metrics_run(items)
+        if run.steps:
+            self.ev.feed_metrics_run(run)
         return index, pos
 
-    def _finite(self, buf, cut: int, start: int, match, line: bytes) -> bool:
-        """No `nan`/`inf` in the metrics of this (not joined) line: looked up in one search of the chunk for both."""
+    def _finite(self, buf, cut: int, lo: int, hi: int) -> bool:
+        """No `nan`/`inf` in buf[lo:hi] (a line's metrics): looked up in one search of the chunk for both."""
         if self.nonfinite is None:
             ends: list[int] = []
             NONFINITE.scan(memoryview(buf)[:cut], match_event_handler=lambda _i, _f, to, _fl, _c: ends.append(to))
             self.nonfinite = ends
         ends = self.nonfinite
-        lo = start + match.end() + 3  # a match ending here or later starts inside the metrics
-        i = bisect_left(ends, lo)
-        return i == len(ends) or ends[i] > start + len(line)
+        i = bisect_left(ends, lo + 3)  # a match ending there or later starts inside
+        return i == len(ends) or ends[i] > hi
 
     def _new_region(self, start: int) -> None:
         """A progress: nothing skipped before `start` matters any more."""
@@ -402,3 +405,25 @@ class Skim:
         self.pending = []
         self.pending_bytes = 0
         self.skimming = False
+
+
+class MetricsRun:
+    """Plain metrics lines of one chunk, as offsets (Evidence.feed_metrics_run copies only what it keeps)."""
+
+    def __init__(self, buf: bytearray):
+        self.buf = buf
+        self.steps: list[int] = []
+        self.nonfinite: list[int] = []  # indices of the lines whose metrics hold `nan` or `inf`
+        self._spans: list[tuple[int, int, int]] = []  # (line start, metrics start, line end)
+
+    def add(self, start: int, metrics: int, end: int, step: int) -> None:
+        self.steps.append(step)
+        self._spans.append((start, metrics, end))
+
+    def raw(self, i: int) -> bytes:
+        start, _, end = self._spans[i]
+        return bytes(self.buf[start:end])
+
+    def rest(self, i: int) -> bytes:
+        _, metrics, end = self._spans[i]
+        return bytes(self.buf[metrics:end])
