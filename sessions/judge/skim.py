@@ -11,7 +11,7 @@ those are fed; the other lines of the chunk are not even located. When the next 
 cleared anyway. When the log ends first (or a line whose lasting effect depends on the error-storm cap comes, or the
 skipped region grows past PENDING_LIMIT), the evidence goes back to its copy from the region's start and the region is
 read again exactly, every prefilter hit fed in order. Both ways feed Evidence the same lines `scan_file` yields, in
-the same chunks, so the verdict is the one of feeding every hit line (tests/test_verdict_engine.py checks it).
+the same chunks, so the verdict is the one of feeding every hit line (tests/test_judge_skim.py checks it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 from bisect import bisect_left
-from collections.abc import Sequence
 
 from sessions.judge.evidence import MAX_EVENTS, Evidence, lasting, metrics_match
 from sessions.judge.literals import required_words

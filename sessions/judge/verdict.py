@@ -31,7 +31,6 @@ from sessions.judge.decide import decide
 from sessions.judge.evidence import Evidence, parse_metrics
 from sessions.judge.logstream import CHUNK_SIZE, NeedleMatcher, ScanStats, join_wrapped, scan_file
 from sessions.judge.patterns import COMPLETE_BAR_NEEDLE, LAST_ONLY_NEEDLE, SCAN_NEEDLES
-from sessions.judge.skim import LastingLines, Skim
 from sessions.judge.record import (
     CATEGORIES,
     CRITERION_STATUSES,
@@ -43,6 +42,7 @@ from sessions.judge.record import (
     Criterion,
     Verdict,
 )
+from sessions.judge.skim import LastingLines, Skim
 
 __all__ = [
     "ALL_NEEDLES", "CATEGORIES", "CRITERION_STATUSES", "NOT_SHOWN", "PHASES", "RESULTS", "Criterion", "Evidence",
