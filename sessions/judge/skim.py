@@ -78,9 +78,14 @@ class LastingLines:
                 if lasting(p) and any(literal in n for n in needles):
                     words = required_words(p.regex)
                     caseless = bool(re.compile(p.regex).flags & re.IGNORECASE)
-                    conditions.append((tuple(n.encode() for n in needles), caseless,
-                                       None if words is None else tuple(tuple(w.encode() for w in alt)
-                                                                       for alt in words)))
+                    # the line holds `literal`: a pattern needing just that is a candidate (no needle to look for)
+                    unknown = () if literal in needles else tuple(n.encode() for n in needles)
+                    if words is not None:  # words apart from the literal first: they decide soonest
+                        lit = literal.lower() if caseless else literal
+                        words = tuple(tuple(w.encode() for w in sorted(alt, key=lambda w: (w in lit or lit in w,
+                                                                                          -len(w))))
+                                      for alt in words)
+                    conditions.append((unknown, caseless, words))
             self.conditions.append(conditions)
 
     @property
@@ -140,28 +145,37 @@ class LastingLines:
     def may_last(self, raw: bytes, mask: int, evidence: Evidence) -> bool:
         """Whether the line (holding the literals of `mask`) may change more than the next progress clears."""
         lower = None
-        index = 0
-        while mask:
-            if mask & 1:
-                for condition in self.conditions[index]:
-                    if condition == "step":  # `step:`, maybe with a colour code before the colon
-                        if b"step:" in raw or (any(c in raw for c in CODE_AFTER_STEP) and b"step:" in _uncoloured(raw)):
-                            return True
-                    elif condition == "No module":
-                        if _new_extension(raw, evidence):
-                            return True
+        conditions = self.conditions
+        while mask:  # plain loops, no generators: this runs for every candidate line
+            low = mask & -mask
+            mask ^= low
+            for condition in conditions[low.bit_length() - 1]:
+                if condition == "step":  # `step:`, maybe with a colour code before the colon
+                    if b"step:" in raw or (any(c in raw for c in CODE_AFTER_STEP) and b"step:" in _uncoloured(raw)):
+                        return True
+                    continue
+                if condition == "No module":
+                    if _new_extension(raw, evidence):
+                        return True
+                    continue
+                needles, caseless, words = condition
+                if needles:
+                    for needle in needles:
+                        if needle in raw:
+                            break
                     else:
-                        needles, caseless, words = condition
-                        if any(n in raw for n in needles):
-                            if words is None:
-                                return True
-                            if caseless and lower is None:
-                                lower = raw.lower()
-                            text = lower if caseless else raw
-                            if any(all(w in text for w in alt) for alt in words):
-                                return True
-            mask >>= 1
-            index += 1
+                        continue
+                if words is None:
+                    return True
+                if caseless and lower is None:
+                    lower = raw.lower()
+                text = lower if caseless else raw
+                for alternative in words:
+                    for word in alternative:
+                        if word not in text:
+                            break
+                    else:
+                        return True
         return False
 
 
