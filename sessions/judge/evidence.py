@@ -151,6 +151,16 @@ def _search(index: int, regex, text: str, encoded: dict[int, bytes] | None):
     database = LONG.database(index) if encoded is not None else None
     if database is None:
         return regex.search(text)
+    return _gated_scan(database, regex, text, encoded)
+
+
+def _search_long(regex, text: str, encoded: dict[int, bytes]):
+    """_search of a regex outside the table (a Gated or compiled one) on a long line."""
+    database = LONG.database_of(regex.regex if isinstance(regex, Gated) else regex)
+    return regex.search(text) if database is None else _gated_scan(database, regex, text, encoded)
+
+
+def _gated_scan(database, regex, text: str, encoded: dict[int, bytes]) -> bool | None:
     if isinstance(regex, Gated):
         seen = text.lower() if regex.folded else text
         if not any(literal in seen for literal in regex.also):
@@ -400,7 +410,8 @@ class Evidence:
                     frames_of.pop(ANY_SOURCE, None)
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
-                if cause not in self.death_causes and cause_re.search(text):
+                if cause not in self.death_causes and (cause_re.search(text) if encoded is None
+                                                       else _search_long(cause_re, text, encoded)):
                     self.death_causes.append(cause)
         if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             self.noise_after_last_step.append(_shorten(text, 200))

@@ -186,16 +186,14 @@ class NeedleMatcher:
             last_line = hi if end == -1 else end
 
 
-def hyperscan_database(needles: Sequence[bytes], regex: bool = False):
-    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed.
-    `regex`: the needles are regular expressions already."""
+def hyperscan_database(needles: Sequence[bytes]):
+    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed."""
     try:
         import hyperscan
     except ImportError:
         return None
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(expressions=list(needles) if regex else [re.escape(n) for n in needles],
-                     ids=list(range(len(needles))),
+    database.compile(expressions=[re.escape(n) for n in needles], ids=list(range(len(needles))),
                      elements=len(needles), flags=[0] * len(needles))
     return database
 

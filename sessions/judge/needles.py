@@ -5,6 +5,7 @@ literals are found with `bytes in` (same candidates, slower)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from sessions.judge.logstream import hyperscan_database
@@ -53,31 +54,46 @@ class Dispatch:
 
 
 class LongText:
-    """Whether a pattern matches a long text, by Hyperscan: linear time where `re` may backtrack quadratically
+    """Whether a regex matches a long text, by Hyperscan: linear time where `re` may backtrack quadratically
     (a 6 KB command line holding `checkpoint` and `error` many times takes `checkpoint.*(?:[Ee]rror|...)` a
     millisecond). Same answer as re.search's truthiness for the texts `usable` accepts (ASCII: the classes, case
     folding and `\\b` agree; none of the control characters Python's \\s also takes; one line: `$` agrees). Not
-    for facts (their groups are read) nor lookarounds; each pattern is compiled at its first long line."""
+    for the table's facts (their groups are read) nor lookarounds; each regex is compiled at its first long line."""
 
     def __init__(self, patterns: Sequence[Pattern]):
         self.patterns = patterns
-        self._databases: dict[int, object] = {}  # pattern index -> its database (None: re only)
+        self._databases: dict[object, object] = {}  # table index or compiled regex -> database (None: re only)
 
     @staticmethod
     def usable(text: str) -> bool:
         return len(text) > LONG_TEXT and text.isascii() and not any(c in text for c in PYTHON_ONLY_SPACE)
 
     def database(self, index: int):
+        """The database of table pattern `index`, or None (a fact, or a regex Hyperscan cannot take)."""
         if index not in self._databases:
             pattern = self.patterns[index]
-            database = None
-            if pattern.kind != "fact" and not any(z in pattern.regex for z in ZERO_WIDTH):
-                try:
-                    database = hyperscan_database((pattern.regex.encode(),), regex=True)
-                except Exception:  # a construct Hyperscan refuses: re decides
-                    database = None
-            self._databases[index] = database
+            self._databases[index] = None if pattern.kind == "fact" else self._compiled(pattern.regex, 0)
         return self._databases[index]
+
+    def database_of(self, regex: re.Pattern[str]):
+        """The database of any compiled regex (flags kept: re.IGNORECASE), or None."""
+        if regex not in self._databases:
+            self._databases[regex] = self._compiled(regex.pattern, regex.flags)
+        return self._databases[regex]
+
+    @staticmethod
+    def _compiled(expression: str, flags: int):
+        if any(z in expression for z in ZERO_WIDTH):
+            return None
+        try:
+            import hyperscan
+
+            database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+            database.compile(expressions=[expression.encode()], ids=[0], elements=1,
+                             flags=[hyperscan.HS_FLAG_CASELESS if flags & re.IGNORECASE else 0])
+            return database
+        except Exception:  # not installed, or a construct Hyperscan refuses: re decides
+            return None
 
     @staticmethod
     def search(database, data: bytes) -> bool:
