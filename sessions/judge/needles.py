@@ -14,7 +14,8 @@ from sessions.judge.patterns import PATTERNS, Pattern
 MAX_MEMO = 8192
 LONG_TEXT = 1024  # chars past which a pattern's regex runs as a Hyperscan pass (re backtracks: `a.*b` on a long line)
 PYTHON_ONLY_SPACE = "\x1c\x1d\x1e\x1f"  # what \s matches in Python's str patterns and not in Hyperscan's
-ZERO_WIDTH = ("(?=", "(?!", "(?<=", "(?<!")  # lookarounds: Hyperscan has none
+# left to re: lookarounds (Hyperscan has none), and `{,n}` (Python's {0,n}, a literal for Hyperscan)
+RE_ONLY = ("(?=", "(?!", "(?<=", "(?<!", "{,")
 
 
 def needles_of(pattern: Pattern) -> tuple[str, ...]:
@@ -83,7 +84,7 @@ class LongText:
 
     @staticmethod
     def _compiled(expression: str, flags: int):
-        if any(z in expression for z in ZERO_WIDTH):
+        if any(construct in expression for construct in RE_ONLY):
             return None
         try:
             import hyperscan
