@@ -93,8 +93,9 @@ class LastingLines:
         return self.literals.database is not None and self.prefilter.database is not None
 
     def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], list[int] | None, int]:
-        """(sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, the literals each holds
-        as a bit mask (dense way only), how many other lines were looked at: what the other way would not)."""
+        """Dense: (sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, the literals
+        each holds as a bit mask, how many lines were checked against the prefilter). Else: (the starts of all
+        hit lines, None, 0): `holds_literal` tells, for those the reader does not take as metrics lines."""
         if dense:
             starts, masks, unsure = self._by_literal(buf, cut)
             if not unsure:
@@ -106,16 +107,13 @@ class LastingLines:
             return starts, masks, len(unsure)
         found: set[int] = set()
         self.prefilter.line_starts(buf, cut, found)
-        kept: list[int] = []
-        find, literals = buf.find, self.checked
-        for start in sorted(found):
-            end = find(b"\n", start, cut)
-            end = cut if end == -1 else end
-            for literal in literals:
-                if find(literal, start, end) != -1:
-                    kept.append(start)
-                    break
-        return kept, None, len(found) - len(kept)
+        return sorted(found), None, 0
+
+    def holds_literal(self, line: bytes) -> bool:
+        for literal in self.checked:
+            if literal in line:
+                return True
+        return False
 
     def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
         """Starts of the lines holding a lasting literal, their literal masks, those holding only unsure ones."""
@@ -229,6 +227,7 @@ class Skim:
         self.last_only = last_only
         self.skimming = False  # since the region's start only lasting lines are fed
         self.dense = False  # which way LastingLines finds them (the cheaper on the last chunk)
+        self.wasted = 0  # this chunk's lines looked at and not fed that the other way would not look at
         self.saved: dict | None = None  # evidence at the region's start (None: nothing fed since)
         self.pending: list[tuple[bytes, int | None]] = []  # earlier chunks' part of the region, with their bar line
         self.pending_bytes = 0
@@ -261,9 +260,10 @@ class Skim:
                 continue
             if candidates is None:
                 candidates, masks, looked = self.lasting.line_starts(buf, cut, self.dense)
-                if looked > cut * WASTED_PER_BYTE:  # the other way looks at fewer lines: take it next chunk
-                    self.dense = not self.dense
+                self.wasted = looked  # lines looked at and not fed, that the other way would not look at
             pos, done = self._skim(buf, pos, cut, eof, bar, candidates, masks)
+            if self.wasted > cut * WASTED_PER_BYTE:  # the other way looks at fewer lines: take it next chunk
+                self.dense, self.wasted = not self.dense, 0
             region = self.region
             if done and not eof:
                 keep_from = pos
@@ -312,12 +312,12 @@ class Skim:
             bar = None  # fed already
         while True:
             if bar is not None and (index == count or bar <= candidates[index]):
-                start, mask = bar, None  # the chunk's last tqdm bar, fed in its place
+                start, mask, unchecked = bar, None, False  # the chunk's last tqdm bar, fed in its place
                 if index < count and candidates[index] == bar:
                     index += 1
                 bar = None
             elif index < count:
-                start, mask = candidates[index], None if masks is None else masks[index]
+                start, mask, unchecked = candidates[index], None if masks is None else masks[index], masks is None
                 index += 1
             else:
                 return cut, not eof
@@ -333,7 +333,9 @@ class Skim:
                 index, pos = self._metrics_run(buf, cut, candidates, index, nxt, bar)
                 self._new_region(pos)
                 continue
-            if mask is not None and match is None and not self.lasting.may_last(line, mask, ev):
+            if match is None and (not self.lasting.may_last(line, mask, ev) if mask is not None
+                                  else unchecked and not self.lasting.holds_literal(line)):
+                self.wasted += unchecked  # a hit the dense way would not have looked at
                 continue
             cands = DISPATCH.candidates(line)
             if match is None and self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
