@@ -142,8 +142,8 @@ def test_metrics_runs_with_nan_and_wrapped_lines(tmp_path):
 def test_long_text_answers_as_re():
     """LongText (Hyperscan for the table's regexes and the death causes on long lines) agrees with re.search on
     long lines made of real and corpus lines, each pattern on the text it is searched in."""
-    from sessions.judge.evidence import _head, _search
-    from sessions.judge.needles import LONG, LongText
+    from sessions.judge.evidence import _head
+    from sessions.judge.needles import LONG, LongText, search_other, search_pattern
     from sessions.judge.patterns import compiled
 
     table = compiled()
@@ -160,13 +160,12 @@ def test_long_text_answers_as_re():
             continue
         for text in texts:
             head = _head(text)
-            assert bool(_search(index, regex, head, {})) == bool(regex.search(head)), (pattern.name, head[:200])
+            assert bool(search_pattern(index, regex, head, {})) == bool(regex.search(head)), (pattern.name, head[:200])
             checked += 1
     assert checked > 100 * 50, "LongText took too few patterns"
-    from sessions.judge.evidence import _search_long
     from sessions.judge.patterns import ACTOR_DEATH_CAUSES
 
     texts += [text + " memory limit exceeded, node 3 lost; SIGKILL" for text in texts[:50]]
     for cause_re, cause in ACTOR_DEATH_CAUSES:
         for text in texts:
-            assert bool(_search_long(cause_re, text, {})) == bool(cause_re.search(text)), (cause, text[:200])
+            assert bool(search_other(cause_re, text, {})) == bool(cause_re.search(text)), (cause, text[:200])

@@ -19,13 +19,12 @@ from typing import Any
 
 from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
-from sessions.judge.needles import DISPATCH, LONG, LongText
+from sessions.judge.needles import DISPATCH, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CORE_METRIC_RE,
     FRAME_RE,
     RAY_WRAPPER_RE,
-    Gated,
     Pattern,
     compiled,
 )
@@ -144,33 +143,6 @@ def _head(text: str) -> str:
     return text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
 
 
-def _search(index: int, regex, text: str, encoded: dict[int, bytes] | None):
-    """regex.search(text) of table pattern `index`; for a long line (`encoded`: the searched texts' bytes by
-    length, filled here) a bool from Hyperscan where LongText takes the pattern (the gate of its `also` literals
-    first, as Gated.search does)."""
-    database = LONG.database(index) if encoded is not None else None
-    if database is None:
-        return regex.search(text)
-    return _gated_scan(database, regex, text, encoded)
-
-
-def _search_long(regex, text: str, encoded: dict[int, bytes]):
-    """_search of a regex outside the table (a Gated or compiled one) on a long line."""
-    database = LONG.database_of(regex.regex if isinstance(regex, Gated) else regex)
-    return regex.search(text) if database is None else _gated_scan(database, regex, text, encoded)
-
-
-def _gated_scan(database, regex, text: str, encoded: dict[int, bytes]) -> bool | None:
-    if isinstance(regex, Gated):
-        seen = text.lower() if regex.folded else text
-        if not any(literal in seen for literal in regex.also):
-            return None
-    data = encoded.get(len(text))
-    if data is None:
-        data = encoded[len(text)] = text.encode("ascii")
-    return LongText.search(database, data)
-
-
 def _copied(value: Any) -> Any:
     kind = type(value)
     if kind is deque:
@@ -272,7 +244,7 @@ class Evidence:
         if not progress and b"step:" not in raw:
             return False
         lines = normalise(raw.decode("utf-8", "replace")) if lines is None else lines
-        if not any(_search(i, TABLE[i][1], _head(line.text), {} if LongText.usable(line.text) else None)
+        if not any(search_pattern(i, TABLE[i][1], _head(line.text), {} if LongText.usable(line.text) else None)
                    for line in lines for i in dropped):
             return False  # the cap would drop candidates that do not match anyway
         if progress:
@@ -378,7 +350,7 @@ class Evidence:
         encoded = {} if LongText.usable(text) else None  # a long line: Hyperscan answers (LongText)
         for index in candidates:
             pattern, regex = TABLE[index]
-            match = _search(index, regex, text if pattern.kind in FULL_LINE_KINDS else head, encoded)
+            match = search_pattern(index, regex, text if pattern.kind in FULL_LINE_KINDS else head, encoded)
             if not match:
                 continue
             kind = pattern.kind
@@ -411,7 +383,7 @@ class Evidence:
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
                 if cause not in self.death_causes and (cause_re.search(text) if encoded is None
-                                                       else _search_long(cause_re, text, encoded)):
+                                                       else search_other(cause_re, text, encoded)):
                     self.death_causes.append(cause)
         if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             self.noise_after_last_step.append(_shorten(text, 200))

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 
 from sessions.judge.logstream import hyperscan_database
-from sessions.judge.patterns import PATTERNS, Pattern
+from sessions.judge.patterns import PATTERNS, Gated, Pattern
 
 MAX_MEMO = 8192
 LONG_TEXT = 1024  # chars past which a pattern's regex runs as a Hyperscan pass (re backtracks: `a.*b` on a long line)
@@ -105,3 +105,30 @@ class LongText:
 
 DISPATCH = Dispatch(PATTERNS)
 LONG = LongText(PATTERNS)
+
+
+def search_pattern(index: int, regex, text: str, encoded: dict[int, bytes] | None):
+    """regex.search(text) of table pattern `index`; for a long line (`encoded`: the searched texts' bytes by
+    length, filled here) a bool from Hyperscan where LongText takes the pattern (the gate of its `also` literals
+    first, as Gated.search does)."""
+    database = LONG.database(index) if encoded is not None else None
+    if database is None:
+        return regex.search(text)
+    return _gated_scan(database, regex, text, encoded)
+
+
+def search_other(regex, text: str, encoded: dict[int, bytes]):
+    """search_pattern of a regex outside the table (a Gated or compiled one) on a long line."""
+    database = LONG.database_of(regex.regex if isinstance(regex, Gated) else regex)
+    return regex.search(text) if database is None else _gated_scan(database, regex, text, encoded)
+
+
+def _gated_scan(database, regex, text: str, encoded: dict[int, bytes]) -> bool | None:
+    if isinstance(regex, Gated):
+        seen = text.lower() if regex.folded else text
+        if not any(literal in seen for literal in regex.also):
+            return None
+    data = encoded.get(len(text))
+    if data is None:
+        data = encoded[len(text)] = text.encode("ascii")
+    return LongText.search(database, data)
