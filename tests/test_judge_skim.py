@@ -169,3 +169,25 @@ def test_long_text_answers_as_re():
     for cause_re, cause in ACTOR_DEATH_CAUSES:
         for text in texts:
             assert bool(search_other(cause_re, text, {})) == bool(cause_re.search(text)), (cause, text[:200])
+
+
+def test_progress_facts_name_every_fact_that_goes_on_training():
+    """Evidence.storm_sensitive trusts PROGRESS_FACTS to name the facts whose handler calls _progressed: read
+    _fact's branches and check."""
+    import ast
+    import inspect
+    import textwrap
+
+    from sessions.judge.evidence import PROGRESS_FACTS
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Evidence._fact)))
+    progressing = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare):
+            continue
+        names = [c.value for c in ast.walk(node.test) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+        calls = [c for stmt in node.body for c in ast.walk(stmt)
+                 if isinstance(c, ast.Attribute) and c.attr == "_progressed"]
+        if calls:
+            progressing.update(names)
+    assert progressing and progressing <= set(PROGRESS_FACTS), progressing - set(PROGRESS_FACTS)
