@@ -62,7 +62,8 @@ def synthetic(rng: random.Random) -> list[bytes]:
         return [line] * rng.choice([1, 50, MAX_EVENTS + 50])
     if kind == 2:  # shutdown chatter (residual noise)
         return [rng.choice([b"(raylet) Shutting down the worker", b"resource_tracker: leaked",
-                            b"Exception ignored in: <x>", b"SIGTERM received"])]
+                            b"Exception ignored in: <x>", b"SIGTERM received",
+                            b"(WorkerDict pid=1) Exception in thread Thread-2:"])]
     if kind == 3:  # missing compiled extensions
         return [b"(WorkerDict pid=3) No module named 'vllm._%s'" % rng.choice([b"C", b"moe_C", b"flash"]),
                 b"ModuleNotFoundError: No module named 'vllm._C'"]
@@ -191,3 +192,17 @@ def test_progress_facts_name_every_fact_that_goes_on_training():
         if calls:
             progressing.update(names)
     assert progressing and progressing <= set(PROGRESS_FACTS), progressing - set(PROGRESS_FACTS)
+
+
+def test_a_thread_traceback_outlasts_the_next_step(tmp_path):
+    """`Exception in thread` marks its source for good (its exception line is no cause): a line the next progress
+    does not clear, so the reader must not skip it."""
+    lines = [b"+ TOTAL_TRAIN_STEPS=3"]
+    lines.append(TR + b"step:1 - training/global_step:1 - actor/pg_loss:0.1")
+    lines += [b"(WorkerDict pid=7) Exception in thread Thread-3:", b"(WorkerDict pid=7) Traceback (most recent call last):"]
+    lines.append(TR + b"step:2 - training/global_step:2 - actor/pg_loss:0.1")
+    lines.append(b"(WorkerDict pid=7) ValueError: the thread's own error")
+    path = tmp_path / "thread.log"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    for chunk in (1 << 12, 1 << 20):
+        same_verdicts(path, chunk)

@@ -56,6 +56,7 @@ TABLE = compiled()
 TRAINING = PHASE_INDEX["training"]
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
 LATE_KINDS_SET = frozenset(LATE_KINDS)
+THREAD_HEADER = "Exception in thread"  # a thread's uncaught exception follows (not the process's)
 PROGRESS_FACTS = ("progress", "final_validation", "wandb_step")  # facts whose handler may call _progressed
 FULL_LINE_KINDS = ("fact", "limitation")  # searched in the whole line; causes in its first ERROR_SCAN_CHARS
 ERROR_SCAN_CHARS = 4096  # an exception's message starts the line; a 1 MB config-dump line is not an error
@@ -220,6 +221,12 @@ class Evidence:
     def restore(self, snapshot: dict[str, Any]) -> None:
         self.__dict__.update(snapshot)
 
+    @property
+    def skimmable(self) -> bool:
+        """Whether every effect of a line no lasting pattern matches is cleared by the next progress. Not while a
+        thread's traceback is open: its source's next exception line is marked noise, for good."""
+        return not self.thread_sources
+
     def storm_sensitive(self, raw: bytes, candidates: tuple[int, ...]) -> bool:
         """Whether this line's lasting effect could depend on the error-storm cap (MAX_EVENTS events kept: then
         feed_bytes drops the line's non-fact candidates, or the whole line): a residual-noise line, a missing
@@ -340,7 +347,7 @@ class Evidence:
                     self.open_traceback = line
                 if "megatron/bridge" not in text:
                     return
-        if stripped.startswith("Exception in thread"):  # a thread's uncaught exception follows (not the process's)
+        if stripped.startswith(THREAD_HEADER):
             self.thread_sources.add(line.source)
             return
         ignored = noise = hydra = False

@@ -20,7 +20,7 @@ import os
 import re
 from bisect import bisect_left
 
-from sessions.judge.evidence import MAX_EVENTS, Evidence, lasting, metrics_match
+from sessions.judge.evidence import MAX_EVENTS, THREAD_HEADER, Evidence, lasting, metrics_match
 from sessions.judge.literals import required_words
 from sessions.judge.logstream import (
     ANSI_BYTES_RE,
@@ -45,7 +45,7 @@ NONFINITE = hyperscan_database((b"nan", b"inf"))  # what makes Evidence check a 
 WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past which LastingLines changes way
 # Checked by Evidence._line in the normalised text, not through the pattern table. Like the table's dispatch (which
 # looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
-TEXT_LITERALS = ("step", "No module")
+TEXT_LITERALS = ("step", "No module", THREAD_HEADER)
 
 
 class LastingLines:
@@ -156,6 +156,8 @@ class LastingLines:
                     if _new_extension(raw, evidence):
                         return True
                     continue
+                if condition == THREAD_HEADER:
+                    return True
                 needles, caseless, words = condition
                 if needles:
                     for needle in needles:
@@ -177,6 +179,7 @@ class LastingLines:
         return False
 
 
+THREAD_BYTES = THREAD_HEADER.encode()
 CODE_AFTER_STEP = (b"step\x1b", b"step[", b"step^[")  # an ANSI code (or its residue) right after `step`
 EXTENSION_BYTES_RE = re.compile(rb"No module named '(?:\w+\.)+(_\w+)'")
 
@@ -296,7 +299,7 @@ class Skim:
                 count = ev.progress_count
                 ev.feed_bytes(line)
                 pos = nxt
-                if ev.progress_count != count and ev.reached >= RAY_UP:
+                if ev.progress_count != count and ev.reached >= RAY_UP and ev.skimmable:
                     return pos, True
             pos = max(pos, hi)
         return cut, False
@@ -337,6 +340,8 @@ class Skim:
                                   else unchecked and not self.lasting.holds_literal(line)):
                 self.wasted += unchecked  # a hit the dense way would not have looked at
                 continue
+            if THREAD_BYTES in line:  # after it the skipped lines may matter for good (Evidence.skimmable)
+                return start, False
             cands = DISPATCH.candidates(line)
             if match is None and self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
                 return start, False
