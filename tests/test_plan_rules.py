@@ -179,7 +179,8 @@ def test_hunk_header_comments_and_docstrings_never_count(tmp_path):
     # -U0 hunk header of this change is `from megatron.core import parallel_state`; the new line names nothing
     after_import = edit(GPT, "from megatron.core import parallel_state",
                         "from megatron.core import parallel_state\n\n_DEFAULT_HIDDEN = 8")
-    assert levels(plan_for(tmp_path / "a", after_import)) == ["L0"]
+    # (and a new constant no code verl runs reads is no verl path at all)
+    assert levels(plan_for(tmp_path / "a", after_import)) == []
     prose = edit(QWEN, "def mapping_registry(self):",
                  'def mapping_registry(self):\n    """Expert-parallel MoE mapping (tensor_model_parallel)."""\n'
                  "    # fsdp, lora, checkpoint: only words")

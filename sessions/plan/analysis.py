@@ -162,6 +162,28 @@ def _namespaces(index: BridgeIndex, path: str) -> set[str]:
     return out - set(plan_rules.MPU_STATE_MODULES)
 
 
+def _module_code_runs(index: BridgeIndex, unit: Unit, lines: set[int], reached: Reach) -> bool:
+    """Does module-level code verl imports matter to verl? A changed statement with an effect on import (a call, a
+    registration) runs; a changed table, spec or constant matters only when code verl runs reads it."""
+    bound: set[str] = set()
+    for stmt in unit.node.body:
+        if not set(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)) & lines:
+            continue
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            bound.update(f"{unit.module}.{x.id}" for t in targets for x in ast.walk(t) if isinstance(x, ast.Name))
+        elif not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            return True
+    if not bound:
+        return False
+    for k in reached.steps:
+        u = index.units.get(k)
+        if u is not None and u.key != unit.key and (u.kind != "class" or k in reached.live) and u.var_refs & bound:
+            return True
+    return False
+
+
 def _direct_modules(index: BridgeIndex, surface: VerlSurface) -> set[str]:
     """The Bridge modules verl names in its imports (and where the names it imports are defined)."""
     out = set()
@@ -281,9 +303,9 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         ev.subject += ev.guards
         for old_ev in old_evs:
             ev.subject += [w for w in old_ev.subject if w not in ev.subject]
-        if unit.kind == "module" and key in global_reach and unit.module not in direct and not any(
-                k in global_reach for k in index.modules[unit.module].units if k != key):
-            global_reach.steps.pop(key)  # imported on the way, nothing of it runs: its module code is no verl path
+        if unit.kind == "module" and key in global_reach and lines and not _module_code_runs(
+                index, unit, lines, global_reach):
+            global_reach.steps.pop(key)  # tables or constants no code verl runs reads: no verl path
         # a class statement that only runs because its module is imported is no verl call: its body's values
         # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs.
         imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live

@@ -128,9 +128,14 @@ def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = ""
             off.update(id(x) for x in ast.walk(n))
     for n in nodes:
         line = getattr(n, "lineno", None)
-        if line is None or id(n) in off or (lines is not None and line not in lines):
+        if line is None or id(n) in off:
             continue
         where = f"{file}:{line}" if file else f"line {line}"
+        if isinstance(n, ast.Call) and _last_name(n.func) == "ModuleSpec" and lines is not None and \
+                line not in lines and set(range(line, (n.end_lineno or line) + 1)) & lines:
+            out.add("custom-layer", f"ModuleSpec(...) edited ({where})")  # a submodule of a layer spec swapped
+        if lines is not None and line not in lines:
+            continue
         name = None
         if isinstance(n, ast.Name):
             name = n.id
