@@ -210,6 +210,22 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
+def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
+    """The features every Bridge caller of a helper is about (`_unpack_e2m1` called only by `_dequantize_mxfp4`):
+    the helper serves those features whatever its own names say."""
+    name = unit.name.split(".")[-1]
+    callers = [u for u in index.units.values() if u.key != unit.key and u.kind != "module" and (
+        unit.key in u.refs or (unit.kind == "method" and u.cls == unit.cls and name in u.attrs))]
+    if not callers:
+        return {}
+    common: set[str] | None = None
+    for u in callers:
+        feats = {f for part in u.name.split(".") for f in plan_features.feature_of_name(part)
+                 if not (f == "vlm" and plan_features.FLAG.match(part))}
+        common = feats if common is None else common & feats
+    return {f: [u.name for u in callers] for f in sorted(common or ())}
+
+
 def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
               cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
     """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
@@ -222,10 +238,14 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):
                 touched.add(f, name)
-    if tier in ("calls", "api") and unit.node is not None:
+    # a layer module of the model code (PEFT's adapter modules are PEFT, not a model's own layer behaviour)
+    if tier in ("calls", "api") and unit.node is not None and unit.file.startswith(plan_rules.MODELS):
         structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
         for w in structural.by_feature.get("custom-layer", []):
             touched.add("custom-layer", w)
+    if tier == "calls" and unit.kind in ("function", "method"):
+        for f, callers in _callers_feature(index, unit).items():
+            touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]

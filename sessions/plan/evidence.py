@@ -226,9 +226,17 @@ def _expert_lines(own: list[ast.AST], lines: set[int], skip: set[int]) -> set[in
     return out
 
 
-def _compares_count(test: ast.AST) -> bool:
-    return any(isinstance(c, ast.Compare) and any(isinstance(x, ast.Constant) and type(x.value) is int
-                                                  for x in [c.left, *c.comparators]) for c in ast.walk(test))
+def _exits_when_trivial(test: ast.AST) -> bool:
+    """`size == 1` / `size <= 1` / `size < 2`: the code after the exit runs only with a size above one. (An exit on
+    `size != 1` / `size > 1` leaves the code after it to size one: the default settings reach it.)"""
+    for c in ast.walk(test):
+        if isinstance(c, ast.Compare) and len(c.ops) == 1 and isinstance(c.comparators[0], ast.Constant) \
+                and type(c.comparators[0].value) is int:
+            op, k = c.ops[0], c.comparators[0].value
+            if (isinstance(op, ast.Eq) and k == 1) or (isinstance(op, ast.LtE) and k == 1) or (
+                    isinstance(op, ast.Lt) and k == 2):
+                return True
+    return False
 
 
 def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int]) -> None:
@@ -253,10 +261,10 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
             # `if self.ep_size == 1: return ...` before a changed line: that line runs only when the test is false
             if not (isinstance(s, ast.If) and not s.orelse and _exits(s.body)) or set(_span(s)) & lines:
                 continue
-            if any(set(_span(later)) & lines for later in block[i + 1:]):
+            # (only an exit on a trivial size says what reaching the line takes; other exits check inputs)
+            if _exits_when_trivial(s.test) and any(set(_span(later)) & lines for later in block[i + 1:]):
                 ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
-                if _compares_count(s.test):  # a size or rank (`ep_size == 1`), not a check of an input
-                    ev.exits += _names_in(s.test, skip)
+                ev.exits += _names_in(s.test, skip)
 
 
 def code_lines(text: str) -> set[int]:

@@ -76,9 +76,12 @@ def is_layer_class(node: ast.ClassDef) -> bool:
     bridge, provider, config, mapping or model wrapper."""
     if _hit(words_of(node.name), NOT_A_LAYER) and not _hit(words_of(node.name), ("attention", "mlp", "norm")):
         return False
+    own_kind = _hit(words_of(node.name), LAYER_BASE_WORDS)
     for b in node.bases:
         name = _last_name(b)
         if name and _hit(words_of(name), LAYER_BASE_WORDS) and not _hit(words_of(name), NOT_A_LAYER):
+            return True
+        if name and own_kind and name.endswith("Module"):  # `Gemma2DotProductAttention(MegatronModule)`
             return True
     return False
 
