@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rows = []
+    every_case: set[str] = set()  # every labelled commit, whatever its split: --extra never plans a held-out one
     for path, own in ((args.cases, False), (args.own, True)):
         if str(path) == "-":
             continue
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             if not line.strip():
                 continue
             cells = line.split("\t")
+            every_case.add(cells[0][:9])
             group = "shared"
             if own:
                 split = cells[header.index("split")] if "split" in header else (
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if misses:
             print(f"misses: {', '.join(misses)}")
         if args.extra:
-            listed = {r[0][:9] for _, r in rows}
+            listed = every_case
             recent = [c for c in repo.iter_commits(start, first_parent=True, max_count=args.extra + len(rows) + 5)
                       if c.hexsha[:9] not in listed and len(c.parents) == 1][:args.extra]
             print(f"\n{len(recent)} further recent commits (not labelled; for eyeballing):")

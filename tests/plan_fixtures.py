@@ -82,9 +82,13 @@ BRIDGE_BASE: dict[str, str] = {
                 return self.gather_from_tp_ranks(weights)
 
             def gather_from_tp_ranks(self, weights):
+                if self.tp_size == 1:  # the real mappings gather only across more than one rank
+                    return weights
                 return [weights]
 
             def gather_from_ep_ranks(self, weights):
+                if self.ep_size == 1:
+                    return weights
                 return [weights][:1]
 
 

@@ -66,8 +66,11 @@ CASES = {
     "tp-pp-cp": (provide_guarded("self.sequence_parallel"), ["L0", "L2d"]),
     "expert-parallel": (edit(MAPPING, "return [weights][:1]", "return list([weights])[:1]"),
                         ["L0", "L1", "L2m", "L4:moe"]),
-    "dispatcher": (edit(B + "training/flex_dispatcher_backend.py", "return False",
-                        'model_config.moe_token_dispatcher_type = "alltoall"\nreturn False'), ["L0", "L2m"]),
+    # (067f987df's shape: inside the flex-dispatcher branch of a validator ConfigContainer calls)
+    "dispatcher": (edit(B + "training/flex_dispatcher_backend.py", "return True",
+                        'if model_config.moe_flex_dispatcher_backend is None:\n'
+                        '    model_config.moe_token_dispatcher_type = "alltoall"\nreturn True'),
+                   ["L0", "L2m", "L4:moe"]),
     # Level 3: only by the condition the change runs under (the string it compares with counts)
     "megatron-fsdp": (edit(CKPT, "return _write({}, path)", 'return _write({"optimizer": None}, path)'),
                       ["L0", "L1", "L3"]),
@@ -133,17 +136,26 @@ def test_new_public_api_verl_can_call_counts_its_signature(tmp_path):
 def test_internal_function_counts_by_what_it_is_about_only(tmp_path):
     # a new validator only Bridge's own ConfigContainer calls: its body names TP and MoE sizes and losses, but it
     # is about FSDP, and verl never calls it
-    change = edit(B + "training/config.py", "def validate(self):\n    validate_flex_dispatcher_backend(self.model)",
+    validator = ("def _validate_megatron_fsdp_v2(model):\n"
+                 "    if model.tensor_model_parallel_size != 1 or model.num_moe_experts:\n"
+                 "        raise ValueError('DP only')\n"
+                 "    if model.calculate_per_token_loss:\n"
+                 "        raise ValueError('no per-token loss')")
+    change = edit(B + "training/config.py", "class ConfigContainer:\n    def validate(self):\n"
+                  "        validate_flex_dispatcher_backend(self.model)",
+                  f"{validator}\n\n\nclass ConfigContainer:\n    def validate(self):\n"
+                  "        validate_flex_dispatcher_backend(self.model)\n        _validate_megatron_fsdp_v2(self.model)")
+    plan = plan_for(tmp_path / "a", change)
+    assert levels(plan) == ["L0", "L3"]
+    assert reason_units(plan, "megatron-fsdp")[0]["tier"] == "imports"
+    # the same validator as a method of ConfigContainer, a class verl never builds: it never runs in verl
+    method = edit(B + "training/config.py", "def validate(self):\n    validate_flex_dispatcher_backend(self.model)",
                   "def validate(self):\n    validate_flex_dispatcher_backend(self.model)\n"
                   "    self._validate_megatron_fsdp_v2()\n\n"
                   "def _validate_megatron_fsdp_v2(self):\n"
-                  "    if self.model.tensor_model_parallel_size != 1 or self.model.num_moe_experts:\n"
-                  "        raise ValueError('DP only')\n"
-                  "    if self.model.calculate_per_token_loss:\n"
-                  "        raise ValueError('no per-token loss')")
-    plan = plan_for(tmp_path, change)
-    assert levels(plan) == ["L0", "L3"]
-    assert reason_units(plan, "megatron-fsdp")[0]["tier"] == "imports"
+                  "    if self.model.tensor_model_parallel_size != 1:\n"
+                  "        raise ValueError('DP only')")
+    assert levels(plan_for(tmp_path / "b", method)) == []
 
 
 def test_pass_through_names_never_count(tmp_path):
@@ -167,7 +179,8 @@ def test_hunk_header_comments_and_docstrings_never_count(tmp_path):
     # -U0 hunk header of this change is `from megatron.core import parallel_state`; the new line names nothing
     after_import = edit(GPT, "from megatron.core import parallel_state",
                         "from megatron.core import parallel_state\n\n_DEFAULT_HIDDEN = 8")
-    assert levels(plan_for(tmp_path / "a", after_import)) == ["L0"]
+    # (and a new constant no code verl runs reads is no verl path at all)
+    assert levels(plan_for(tmp_path / "a", after_import)) == []
     prose = edit(QWEN, "def mapping_registry(self):",
                  'def mapping_registry(self):\n    """Expert-parallel MoE mapping (tensor_model_parallel)."""\n'
                  "    # fsdp, lora, checkpoint: only words")

@@ -57,6 +57,8 @@ class ChangedUnit:
     strings: list[str] = field(default_factory=list)  # name-like strings of the changed code
     conditions: list[str] = field(default_factory=list)  # conditions its changed lines run under
     edited: list[str] = field(default_factory=list)  # every name of its edited statements (both sides, undiffed)
+    edited_expert: list[str] = field(default_factory=list)  # those on lines that run only for experts
+    reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
 
     @property
     def name(self) -> str:
@@ -133,6 +135,55 @@ def _fields_verl_names(unit: Unit, lines: set[int], surface: VerlSurface) -> lis
     return out
 
 
+def _moved(f, text: str | None) -> tuple[set[int], set[int]]:
+    """Changed lines whose text is on both sides of the diff (new-side and old-side numbers): a statement moved or
+    kept while its neighbours changed reads nothing new."""
+    new = (text or "").splitlines()
+    old = (f.old_text or "").splitlines()
+    at = lambda src, i: src[i - 1].strip() if 0 < i <= len(src) else ""  # noqa: E731
+    added = {i: at(new, i) for i in f.added}
+    removed = {i: at(old, i) for i in f.removed}
+    both = ({t for t in added.values() if re.search(r"\w", t)} & set(removed.values()))
+    return {i for i, t in added.items() if t in both}, {i for i, t in removed.items() if t in both}
+
+
+def _namespaces(index: BridgeIndex, path: str) -> set[str]:
+    """Names a file binds by import (`from megatron.core import tensor_parallel`): used as `name.attr` they are a
+    namespace, not a value the code reads, except Megatron's parallel-state modules (`parallel_state.X()` reads mpu
+    state)."""
+    info = index.modules.get(plan_reach.module_name(path) or "")
+    if info is None:
+        return set()
+    tree = index.units[info.name].node
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in n.names)
+    return out - set(plan_rules.MPU_STATE_MODULES)
+
+
+def _module_code_runs(index: BridgeIndex, unit: Unit, lines: set[int], reached: Reach) -> bool:
+    """Does module-level code verl imports matter to verl? A changed statement with an effect on import (a call, a
+    registration) runs; a changed table, spec or constant matters only when code verl runs reads it."""
+    bound: set[str] = set()
+    for stmt in unit.node.body:
+        if not set(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)) & lines:
+            continue
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            bound.update(f"{unit.module}.{x.id}" for t in targets for x in ast.walk(t) if isinstance(x, ast.Name))
+        elif not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+            return True
+    if not bound:
+        return False
+    for k in reached.steps:
+        u = index.units.get(k)
+        if u is not None and u.key != unit.key and (u.kind != "class" or k in reached.live) and u.var_refs & bound:
+            return True
+    return False
+
+
 def _direct_modules(index: BridgeIndex, surface: VerlSurface) -> set[str]:
     """The Bridge modules verl names in its imports (and where the names it imports are defined)."""
     out = set()
@@ -145,19 +196,34 @@ def _direct_modules(index: BridgeIndex, surface: VerlSurface) -> set[str]:
 
 
 def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bool:
-    """Code verl does not call counts by its subject only when it sits in a module verl imports, or is called from
-    one (checkpoint loading next to the checkpoint functions verl takes; a validator ConfigContainer calls). Code
-    further down Bridge's own pipelines (its SFT data, its recipes) counts for nothing."""
-    if unit.module in direct:
-        return True
+    """Code verl does not call counts by its subject only when code of a module verl imports calls it (checkpoint
+    loading that the checkpoint functions verl takes sit next to and call; a validator ConfigContainer calls). Code
+    only Bridge's own pipelines call (its training loop's metrics, its SFT data, its recipes) counts for nothing,
+    also when it sits in a module verl imports."""
     name = unit.name.split(".")[-1]
     for m in direct:
         info = index.modules.get(m)
         for k in info.units if info else ():
             u = index.units[k]
-            if unit.key in u.refs or (unit.kind == "method" and name in u.attrs):
+            if k != unit.key and (unit.key in u.refs or (unit.kind == "method" and name in u.attrs)):
                 return True
     return False
+
+
+def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
+    """The features every Bridge caller of a helper is about (`_unpack_e2m1` called only by `_dequantize_mxfp4`):
+    the helper serves those features whatever its own names say."""
+    name = unit.name.split(".")[-1]
+    callers = [u for u in index.units.values() if u.key != unit.key and u.kind != "module" and (
+        unit.key in u.refs or (unit.kind == "method" and u.cls == unit.cls and name in u.attrs))]
+    if not callers:
+        return {}
+    common: set[str] | None = None
+    for u in callers:
+        feats = {f for part in u.name.split(".") for f in plan_features.feature_of_name(part)
+                 if not (f == "vlm" and plan_features.FLAG.match(part))}
+        common = feats if common is None else common & feats
+    return {f: [u.name for u in callers] for f in sorted(common or ())}
 
 
 def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
@@ -172,10 +238,14 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):
                 touched.add(f, name)
-    if tier in ("calls", "api") and unit.node is not None:
+    # a layer module of the model code (PEFT's adapter modules are PEFT, not a model's own layer behaviour)
+    if tier in ("calls", "api") and unit.node is not None and unit.file.startswith(plan_rules.MODELS):
         structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
         for w in structural.by_feature.get("custom-layer", []):
             touched.add("custom-layer", w)
+    if tier == "calls" and unit.kind in ("function", "method"):
+        for f, callers in _callers_feature(index, unit).items():
+            touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]
@@ -200,39 +270,50 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     global_reach = plan_reach.reach(index, seeds, surface.attributes)
     modules = {k for k in global_reach.steps if ":" not in k}
     units: dict[str, ChangedUnit] = {}
-    per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence]]] = {}
+    per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence], set[int], set[str]]] = {}
     for f in change.files:
         if not _is_bridge_python(f.path):
             continue
         text = index._text(f.path)
+        moved_new, moved_old = _moved(f, text)
+        spaces = _namespaces(index, f.path)
         if text is not None and f.added:
             code = plan_reach.code_lines(text)
             added = set(f.added) & code
             for line in sorted(added):
                 u = index.unit_at(f.path, line)
                 if u is not None:
-                    per_unit.setdefault(u.key, (u, set(), code, []))[1].add(line)
+                    per_unit.setdefault(u.key, (u, set(), code, [], moved_new, spaces))[1].add(line)
         if f.old_text and f.removed and f.old_path:
             old = BridgeIndex(change.repo, sources={f.old_path: f.old_text})
             code = plan_reach.code_lines(f.old_text)
+            old_spaces = _namespaces(old, f.old_path)
             for line in sorted(set(f.removed) & code):
                 u = old.unit_at(f.old_path, line)
                 if u is None:
                     continue
-                ev = plan_reach.evidence(u, {line}, code)
+                ev = plan_reach.evidence(u, {line}, code, moved_old, old_spaces)
                 now = index.unit(u.key if ":" in u.key else u.key)
                 if now is None:
                     continue  # a removed function: its callers changed too
-                per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), []))[3].append(ev)
+                per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), [], moved_new,
+                                              spaces))[3].append(ev)
     direct = _direct_modules(index, surface)
     fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
     added_by_file = {f.path: set(f.added) for f in change.files}
     entries = plan_reach.verl_entries(index, surface, global_reach)
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
-    for key, (unit, lines, code, old_evs) in per_unit.items():
-        ev = plan_reach.evidence(unit, lines, code)
+    for key, (unit, lines, code, old_evs, moved, spaces) in per_unit.items():
+        ev = plan_reach.evidence(unit, lines, code, moved, spaces)
+        sides = [e for e in [ev, *old_evs] if e.statements]
+        if sides and all(e.only_imports for e in sides):
+            continue  # only import statements changed: an import is no call path, what it imports counts itself
         ev.code += _fields_verl_names(unit, lines, surface)
         raw = ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
+        expert = Counter(ev.expert_code + [n for old_ev in old_evs for n in old_ev.expert_code])
+        if plan_reach.words_hit(ev.name, plan_reach.EXPERT_WORDS):
+            expert = Counter(raw)  # code that only serves experts (`MoeAmaxFanoutMapping`): the MoE variant stresses it
+        spaced = Counter(ev.namespaced + [n for old_ev in old_evs for n in old_ev.namespaced])
         targets = ev.targets + [n for old_ev in old_evs for n in old_ev.targets]
         # a name on both sides of an edited line did not change: only names added or removed count as code
         for part in ("code", "guards", "strings"):
@@ -242,22 +323,25 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         ev.subject += ev.guards
         for old_ev in old_evs:
             ev.subject += [w for w in old_ev.subject if w not in ev.subject]
-        if unit.kind == "module" and key in global_reach and unit.module not in direct and not any(
-                k in global_reach for k in index.modules[unit.module].units if k != key):
-            global_reach.steps.pop(key)  # imported on the way, nothing of it runs: its module code is no verl path
+        if unit.kind == "module" and key in global_reach and lines and not _module_code_runs(
+                index, unit, lines, global_reach):
+            global_reach.steps.pop(key)  # tables or constants no code verl runs reads: no verl path
         # a class statement that only runs because its module is imported is no verl call: its body's values
-        # matter once the class is used
+        # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs.
         imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live
         tier = ("calls" if key in global_reach and not imported_only else
-                "imports" if imported_only else
-                "none" if unit.module not in modules else
+                "none" if imported_only or unit.module not in modules else
                 "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
                 and not _has_bridge_caller(index, unit) else
+                "none" if unit.kind == "method" and unit.cls not in global_reach.dispatch else
                 "imports" if _beside_verl_imports(index, unit, direct) else "none")
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
-                         global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code}, ev.new,
+                         global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code, "name": ev.name,
+                          "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits]}, ev.new,
                          family=plan_features.folder_of(unit.file), strings=ev.strings, conditions=ev.conditions,
-                         edited=sorted(set(raw)))
+                         edited=sorted(set((Counter(raw) - expert - spaced).elements())),
+                         edited_expert=sorted(set((expert - spaced).elements())),
+                         reporting=bool(sides) and all(e.only_logging for e in sides))
         if tier != "none":
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
         if tier == "calls" and unit.kind != "module":

@@ -72,26 +72,85 @@ class Evidence:
     # mapping table, HF config keys): what the code converts, never prose (no spaces) nor a docstring
     conditions: list[str] = field(default_factory=list)  # source of the conditions the changed lines run under
     targets: list[str] = field(default_factory=list)  # what the edited statements set (assignment targets)
+    name: list[str] = field(default_factory=list)  # the unit's own names (class and method apart)
+    exits: list[str] = field(default_factory=list)  # names of early exits before the changed lines: what they rule
+    # out is no subject, but a size they compare (`if self.ep_size == 1: return`) is one the lines after need
+    expert_code: list[str] = field(default_factory=list)  # names of changed lines that run only for experts
+    namespaced: list[str] = field(default_factory=list)  # imported modules used as namespaces (`tensor_parallel.X`)
+    statements: int = 0  # changed simple statements (imports, assignments, calls...)
+    only_imports: bool = False  # every changed code line is an import statement
+    only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
 
 
-def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
+# A condition about experts (`if self.is_expert:`, `if moe_layer:`): the lines under it serve the MoE path.
+EXPERT_WORDS = ("expert", "experts", "moe")
+# Calls that only report (logging, metrics, profiling ranges): what they print changes nothing a level checks.
+REPORTING_WORDS = ("log", "logger", "logging", "print", "warn", "warning", "wandb", "mlflow", "comet",
+                   "tensorboard", "nvtx", "timer", "timers", "on save checkpoint success")
+
+
+def words_hit(names: list[str], table: tuple[str, ...]) -> bool:
+    for n in names:
+        ws = set(words_of(n))
+        if any(set(t.split()) <= ws for t in table):
+            return True
+    return False
+
+
+def _exits(body: list[ast.stmt]) -> bool:
+    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
+
+
+def _blocks(n: ast.AST):
+    """A node's own statement lists (a function's body, an if's branches, a loop's body...)."""
+    for name in ("body", "orelse", "finalbody"):
+        block = getattr(n, name, None)
+        if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+            yield block
+    for h in getattr(n, "handlers", []) or []:
+        yield h.body
+
+
+def _span(n: ast.AST) -> range:
+    return range(n.lineno, (getattr(n, "end_lineno", None) or n.lineno) + 1)
+
+
+def _is_reporting(stmt: ast.stmt) -> bool:
+    """`logger.info(...)`, `wandb_utils.on_save_checkpoint_success(...)`, `print_rank_0(...)`: a call statement
+    whose callee only reports."""
+    if not isinstance(stmt, ast.Expr) or not isinstance(stmt.value, ast.Call):
+        return False
+    f = stmt.value.func
+    names = [f.id] if isinstance(f, ast.Name) else [f.attr] + [x.id for x in ast.walk(f) if isinstance(x, ast.Name)] \
+        if isinstance(f, ast.Attribute) else []
+    return words_hit(names, REPORTING_WORDS)
+
+
+def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = frozenset(),
+             namespaces: set[str] = frozenset()) -> Evidence:
     """Identifiers of a unit's changed code lines (`lines`; `code` = the file's lines that hold code) — never
     comments or strings (docstrings included), never a keyword passed through under its own name, never a feature
-    set to None/False, never an import. A changed line inside a longer statement (an entry of a dict literal)
+    set to None/False, never an import, never a line moved unchanged (`moved`: its text is on both sides of the
+    diff). Imported modules used as namespaces (`namespaces`: `tensor_parallel.ColumnParallelLinear` builds a
+    layer, it reads no parallel size) are noted apart. A changed line inside a longer statement (an entry of a dict literal)
     also counts the names on that statement's first line (what the dict is assigned to).
 
     The subject: the unit's name (and its class), the conditions of the `if`/`elif`/`while` blocks a changed line
     sits in or changes (`elif ckpt_format == "fsdp_dtensor":` makes a change FSDP-only; the strings such a
-    condition compares with count), and for a new function its signature."""
+    condition compares with count), and for a new function its signature. The early exits before a changed line
+    are noted apart (`exits`, with the others in `conditions`): `if self.ep_size == 1: return` makes the lines
+    after it run only with EP > 1."""
     ev = Evidence()
     node = unit.node
-    ev.subject.append(unit.name.replace(".", "_") if unit.kind != "module" else unit.module.rsplit(".", 1)[-1])
+    ev.name = unit.name.split(".") if unit.kind != "module" else [unit.module.rsplit(".", 1)[-1]]
+    ev.subject += ev.name
     if node is None:
         return ev
     skip = _silenced(node)
     own = _unit_nodes(unit)
     span = set(range(unit.start, unit.end + 1)) & code if unit.kind != "module" else set()
     ev.new = bool(span) and span <= lines
+    lines = lines - set(moved)
     if ev.new and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
             if a.annotation is not None:  # what it takes and gives (parameter names are only names)
@@ -99,12 +158,21 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
         if node.returns is not None:
             ev.subject += _names_in(node.returns, skip)
     heads: set[int] = set()
-    for n in own:
-        if isinstance(n, ast.stmt) and not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
-                                                          ast.If, ast.For, ast.While, ast.With, ast.Try)):
+    stmts = [n for n in own if isinstance(n, ast.stmt)]
+    for n in stmts:
+        if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.While,
+                              ast.With, ast.Try)):
             end = n.end_lineno or n.lineno
             if any(n.lineno < ln <= end for ln in lines):
                 heads.add(n.lineno)
+    changed = [n for n in stmts if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If,
+                                                      ast.For, ast.While, ast.With, ast.Try))
+               and set(_span(n)) & lines]
+    ev.statements = len(changed)
+    ev.only_imports = bool(changed) and all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in changed)
+    reporting = [n for n in changed if _is_reporting(n)]
+    ev.only_logging = bool(changed) and all(
+        any(set(_span(n)) <= set(_span(r)) for r in reporting) for n in changed)
     counted = lines | heads
     for n in own:
         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and id(n) not in skip and any(
@@ -115,40 +183,88 @@ def evidence(unit: Unit, lines: set[int], code: set[int]) -> Evidence:
     docs = {id(b.body[0].value) for b in ast.walk(node) if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef,
             ast.ClassDef, ast.Module)) and b.body and isinstance(b.body[0], ast.Expr)
             and isinstance(b.body[0].value, ast.Constant)}
+    spaces = {id(n.value) for n in own if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+              and n.value.id in namespaces}
+    expert_lines = _expert_lines(own, lines, skip)
     for n in own:
         line = getattr(n, "lineno", None)
         if line is None or id(n) in skip or line not in counted:
             continue
+        name = None
         if isinstance(n, ast.Name):
-            ev.code.append(n.id)
+            name = n.id
         elif isinstance(n, ast.Attribute):
-            ev.code.append(n.attr)
+            name = n.attr
         elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and line in lines:
-            ev.code.append(n.name)
+            name = n.name
         elif isinstance(n, ast.arg):
-            ev.code.append(n.arg)
+            name = n.arg
         elif isinstance(n, ast.keyword) and n.arg:
-            ev.code.append(n.arg)
+            name = n.arg
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs \
                 and NAME_LIKE.fullmatch(n.value):
             ev.strings.append(n.value)
+        if name:
+            ev.code.append(name)
+            if line in expert_lines:
+                ev.expert_code.append(name)
+            if id(n) in spaces:
+                ev.namespaced.append(name)
     if not ev.new:
-        for n in own:
-            if isinstance(n, (ast.If, ast.While)):
-                test_lines = set(range(n.test.lineno, (n.test.end_lineno or n.test.lineno) + 1))
-                # `not is_modelopt_linear(m)`: what the change is not about
-                negated = {id(x) for u in ast.walk(n.test) if isinstance(u, ast.UnaryOp) and isinstance(u.op, ast.Not)
-                           for x in ast.walk(u.operand)}
-                negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
-                            and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
-                names = _names_in(n.test, skip | negated, strings=True)
-                if any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines):
-                    ev.conditions.append(ast.unparse(n.test)[:200])
-                if test_lines & lines:
-                    ev.guards += names  # an edited condition: compared with the old one by the caller
-                elif any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in [*n.body, *n.orelse] for ln in lines):
-                    ev.subject += names
+        _conditions(ev, own, lines, skip)
     return ev
+
+
+def _expert_lines(own: list[ast.AST], lines: set[int], skip: set[int]) -> set[int]:
+    """Changed lines that run only under a condition about experts (the body of `if self.is_expert:`)."""
+    out: set[int] = set()
+    for n in own:
+        if isinstance(n, ast.If) and words_hit(_names_in(n.test, skip, strings=True), EXPERT_WORDS) and not any(
+                isinstance(u, ast.UnaryOp) and isinstance(u.op, ast.Not) for u in ast.walk(n.test)):
+            for b in n.body:
+                out.update(set(_span(b)) & lines)
+    return out
+
+
+def _exits_when_trivial(test: ast.AST) -> bool:
+    """`size == 1` / `size <= 1` / `size < 2`: the code after the exit runs only with a size above one. (An exit on
+    `size != 1` / `size > 1` leaves the code after it to size one: the default settings reach it.)"""
+    for c in ast.walk(test):
+        if isinstance(c, ast.Compare) and len(c.ops) == 1 and isinstance(c.comparators[0], ast.Constant) \
+                and type(c.comparators[0].value) is int:
+            op, k = c.ops[0], c.comparators[0].value
+            if (isinstance(op, ast.Eq) and k == 1) or (isinstance(op, ast.LtE) and k == 1) or (
+                    isinstance(op, ast.Lt) and k == 2):
+                return True
+    return False
+
+
+def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int]) -> None:
+    """The conditions the changed lines run under: enclosing `if`/`while` tests and earlier early exits."""
+    for n in own:
+        if isinstance(n, (ast.If, ast.While)):
+            test_lines = set(range(n.test.lineno, (n.test.end_lineno or n.test.lineno) + 1))
+            # `not is_modelopt_linear(m)`: what the change is not about
+            negated = {id(x) for u in ast.walk(n.test) if isinstance(u, ast.UnaryOp) and isinstance(u.op, ast.Not)
+                       for x in ast.walk(u.operand)}
+            negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
+                        and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
+            names = _names_in(n.test, skip | negated, strings=True)
+            if any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines):
+                ev.conditions.append(ast.unparse(n.test)[:200])
+            if test_lines & lines:
+                ev.guards += names  # an edited condition: compared with the old one by the caller
+            elif any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in [*n.body, *n.orelse] for ln in lines):
+                ev.subject += names
+    for block in {id(b): b for n in own for b in _blocks(n)}.values():
+        for i, s in enumerate(block):
+            # `if self.ep_size == 1: return ...` before a changed line: that line runs only when the test is false
+            if not (isinstance(s, ast.If) and not s.orelse and _exits(s.body)) or set(_span(s)) & lines:
+                continue
+            # (only an exit on a trivial size says what reaching the line takes; other exits check inputs)
+            if _exits_when_trivial(s.test) and any(set(_span(later)) & lines for later in block[i + 1:]):
+                ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
+                ev.exits += _names_in(s.test, skip)
 
 
 def code_lines(text: str) -> set[int]:

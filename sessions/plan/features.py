@@ -76,9 +76,12 @@ def is_layer_class(node: ast.ClassDef) -> bool:
     bridge, provider, config, mapping or model wrapper."""
     if _hit(words_of(node.name), NOT_A_LAYER) and not _hit(words_of(node.name), ("attention", "mlp", "norm")):
         return False
+    own_kind = _hit(words_of(node.name), LAYER_BASE_WORDS)
     for b in node.bases:
         name = _last_name(b)
         if name and _hit(words_of(name), LAYER_BASE_WORDS) and not _hit(words_of(name), NOT_A_LAYER):
+            return True
+        if name and own_kind and name.endswith("Module"):  # `Gemma2DotProductAttention(MegatronModule)`
             return True
     return False
 
@@ -128,9 +131,14 @@ def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = ""
             off.update(id(x) for x in ast.walk(n))
     for n in nodes:
         line = getattr(n, "lineno", None)
-        if line is None or id(n) in off or (lines is not None and line not in lines):
+        if line is None or id(n) in off:
             continue
         where = f"{file}:{line}" if file else f"line {line}"
+        if isinstance(n, ast.Call) and _last_name(n.func) == "ModuleSpec" and lines is not None and \
+                line not in lines and set(range(line, (n.end_lineno or line) + 1)) & lines:
+            out.add("custom-layer", f"ModuleSpec(...) edited ({where})")  # a submodule of a layer spec swapped
+        if lines is not None and line not in lines:
+            continue
         name = None
         if isinstance(n, ast.Name):
             name = n.id

@@ -34,6 +34,7 @@ class Unit:
     registered: bool = False  # a class a Bridge decorator registers (bridges, mappings)
     deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
     called: set[str] = field(default_factory=set)  # what it calls (a class called is instantiated)
+    var_refs: set[str] = field(default_factory=set)  # module-level variables it reads ("pkg.mod.NAME")
 
     @property
     def name(self) -> str:
@@ -47,6 +48,7 @@ class ModuleInfo:
     package: bool
     table: dict[str, tuple] = field(default_factory=dict)  # name → ("unit", key) | ("module", m) | ("from", m, n)
     units: list[str] = field(default_factory=list)
+    assigned: set[str] = field(default_factory=set)  # names its top-level assignments bind (tables, specs, constants)
 
 
 def module_name(rel: str) -> str | None:
@@ -210,6 +212,9 @@ class BridgeIndex:
                     table["*"] = table.get("*", ()) + (mod,)
         elif top and isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             table[stmt.name] = ("unit", f"{info.name}:{stmt.name}")
+        elif top and table is info.table and isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            for t in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
+                info.assigned.update(x.id for x in ast.walk(t) if isinstance(x, ast.Name))
         elif top and isinstance(stmt, (ast.Try, ast.If, ast.With)):
             for block in (getattr(stmt, "body", []), getattr(stmt, "orelse", []), getattr(stmt, "finalbody", []),
                           *[h.body for h in getattr(stmt, "handlers", [])]):
@@ -300,6 +305,17 @@ class BridgeIndex:
             elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr") \
                     and len(n.args) >= 2 and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str):
                 unit.attrs.add(n.args[1].value)
+        for n in nodes:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+                var = self._variable(info, local, n.id)
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+                b = local.get(n.value.id) or info.table.get(n.value.id)
+                t = self._follow(b) if b else None
+                var = self._module_variable(t[1], n.attr) if t and t[0] == "module" else None
+            else:
+                continue
+            if var:
+                unit.var_refs.add(var)
         # `C.method(...)` reaches the method, `isinstance(x, C)` nothing: neither makes instances of C exist.
         quiet: set[int] = set()
         for n in nodes:
@@ -335,6 +351,22 @@ class BridgeIndex:
                     unit.registered = True  # a Bridge decorator keeps the class: a registry hands it out
                     unit.deco_refs.add(t[1])
         unit.refs.discard(unit.key)
+
+    def _variable(self, info: ModuleInfo, local: dict, name: str) -> str | None:
+        """The module-level variable a name reads ("pkg.mod.NAME"), through imports and re-exports."""
+        b = local.get(name) or info.table.get(name)
+        if b is None:
+            return f"{info.name}.{name}" if name in info.assigned else None
+        return self._module_variable(b[1], b[2]) if b[0] == "from" else None
+
+    def _module_variable(self, module: str, name: str, depth: int = 0) -> str | None:
+        info = self.modules.get(module)
+        if info is None or depth > 10:
+            return None
+        if name in info.assigned:
+            return f"{module}.{name}"
+        b = info.table.get(name)
+        return self._module_variable(b[1], b[2], depth + 1) if b and b[0] == "from" else None
 
     def _target(self, n: ast.AST, info: ModuleInfo, local: dict) -> tuple | None:
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):

@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sessions.plan.evidence import Evidence, code_lines, evidence, words_of  # noqa: F401 (re-exported)
-from sessions.plan.index import BridgeIndex, Unit, _is_implicit  # noqa: F401 (re-exported)
+from sessions.plan.evidence import (  # noqa: F401 (re-exported)
+    EXPERT_WORDS, Evidence, code_lines, evidence, words_hit, words_of)
+from sessions.plan.index import BridgeIndex, Unit, _is_implicit, module_name  # noqa: F401 (re-exported)
 
 # ---------------------------------------------------------------- reachability
 
@@ -147,9 +148,12 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
             if target is None:
                 continue
             step = Step(key, "imports" if target.kind == "module" else "references")
-            # module code naming a class without calling it (a table of builders) makes no instance
+            # module code naming a class without calling it (a table of builders) makes no instance, and naming a
+            # function without calling it (a table of adapters) runs nothing
             if target.kind == "class" and (unit.kind != "module" or ref in unit.called):
                 make_live(ref, step)
+            if target.kind == "function" and unit.kind == "module" and ref not in unit.called:
+                continue
             visit(ref, step)
     return r
 

@@ -203,15 +203,24 @@ def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, d
     return primary.checkpoint, None
 
 
-def _fires(rule: Rule, u: ChangedUnit) -> list[str]:
-    """The identifiers by which a rule fires on a changed unit ([] = it does not)."""
+def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
+    """The identifiers by which a rule fires on a changed unit ([] = it does not). Level 2 reads what the code
+    reads or sets of the parallel state and the conditions it runs under, never the unit's name alone (a function
+    that gathers across PP ranks may change a line PP never touches); `expert`: only the names of lines that run
+    for experts."""
     if u.tier == "none" or not rule.topics and not rule.areas:
         return []
     if rule.within and not _fires(plan_rules.BY_NAME[rule.within], u):
         return []
+    if expert:
+        return sorted(set(topic_hits(rule, list(u.edited_expert), rule.code_topics or rule.topics))) \
+            if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in) else []
     if rule.areas and u.tier in ("calls", "api") and _matches(u.file, rule.areas):
         return [f"{u.file} ({rule.name} code)"]
-    hits = topic_hits(rule, list(u.words["subject"]))
+    subject = list(u.words["subject"])
+    if rule.level == 2:
+        subject = [w for w in subject if w not in u.words.get("name", [])] + list(u.words.get("exits", []))
+    hits = topic_hits(rule, subject)
     if u.tier in ("calls", "api") and rule.evidence == "code":
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
@@ -222,8 +231,13 @@ def _fires(rule: Rule, u: ChangedUnit) -> list[str]:
 def _parallel(u: ChangedUnit) -> dict[str, list[str]]:
     """Level 2 rules on one changed unit: what the code reads or sets of the parallel state. Finalization counts
     only where the finalize change itself reads or sets parallel sizes or mpu state; Megatron mpu state that only
-    serves expert parallelism asks for the MoE variant, not the dense one."""
-    hits = {r.name: h for r in plan_rules.RULES if r.level == 2 and not r.optional and (h := _fires(r, u))}
+    serves expert parallelism (or is read on lines that run only for experts) asks for the MoE variant, not the
+    dense one."""
+    rules = [r for r in plan_rules.RULES if r.level == 2 and not r.optional]
+    hits = {r.name: h for r in rules if (h := _fires(r, u))}
+    expert = sorted({x for r in rules for x in _fires(r, u, expert=True)})
+    if expert:
+        hits["expert-parallel"] = sorted(set(hits.get("expert-parallel", []) + expert))
     if "provider-finalization" in hits and not set(hits) - {"provider-finalization"}:
         hits.pop("provider-finalization")
     moe = {"expert-parallel", "dispatcher"} & set(hits)
@@ -285,6 +299,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     for u in units:
         if u.tier in ("calls", "api"):
             add(plan_rules.BY_NAME["verl-runs-it"], [u.file], [{**u.to_json(), "matched": []}])
+        if u.reporting:
+            continue  # it only logs or reports: the smoke shows it still runs, no level checks what it prints
         for feature, facts in involved_features(u).items():
             add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
         parallel = _parallel(u)

@@ -58,6 +58,10 @@ class Rule:
     unless: tuple[str, ...] = ()  # topics that make an identifier mean something else (activation checkpointing)
 
 
+# Megatron's modules whose functions are the mpu state itself (`parallel_state.get_tensor_model_parallel_rank()`);
+# any other module name used as a namespace (`tensor_parallel.ColumnParallelLinear`) reads no parallel size.
+MPU_STATE_MODULES = ("parallel_state", "mpu")
+
 # Where the parallel sizes and mpu state that changed code reads or sets count (provider, finalize, mapping and
 # PEFT adapter code verl runs), not only what the code is about.
 PARALLEL_CODE = (SRC + "models/*", SRC + "peft/*")

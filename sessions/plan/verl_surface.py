@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BRIDGE_PACKAGE = "megatron.bridge"
+# verl's branches for its deprecated legacy mbridge backend (`if self.vanilla_bridge:`, `if provider is None:`):
+# the procedure always runs VANILLA_MBRIDGE=False, so what verl calls there never reaches Megatron-Bridge.
+VANILLA_WORDS = ("vanilla",)
+NO_PROVIDER = "provider"
 SKIPPED_DIRS = {"tests", "test", "docs", ".git", "__pycache__", "build", "dist", ".venv", "venv"}
 
 
@@ -60,6 +64,35 @@ def _module_of(rel: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _vanilla_test(test: ast.AST) -> bool | None:
+    """True: the test holds only on the legacy mbridge path; False: only on Megatron-Bridge's; None: neither."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _vanilla_test(test.operand)
+        return None if inner is None else not inner
+    name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else None
+    if name and any(w in name.lower() for w in VANILLA_WORDS):
+        return True
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value is None and isinstance(test.ops[0], (ast.Is, ast.IsNot)):
+        left = test.left.id if isinstance(test.left, ast.Name) else test.left.attr \
+            if isinstance(test.left, ast.Attribute) else None
+        if left == NO_PROVIDER:
+            return isinstance(test.ops[0], ast.Is)
+    return None
+
+
+def _vanilla_only(tree: ast.AST) -> set[int]:
+    """Nodes in branches only the legacy mbridge path takes."""
+    out: set[int] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.If):
+            side = _vanilla_test(n.test)
+            if side is not None:
+                for s in (n.body if side else n.orelse):
+                    out.update(id(x) for x in ast.walk(s))
+    return out
+
+
 def read_surface(verl_repo: Path | str) -> VerlSurface:
     """Every `megatron.bridge` import in verl (package and scripts, not tests), and the attribute names used by the
     verl files that handle Bridge objects: those importing `megatron.bridge`, and those importing such a file
@@ -79,7 +112,10 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
             continue  # a file verl itself could not import either
         mine: dict[str, str] = {}
         used: set[str] = set()
+        vanilla = _vanilla_only(tree)
         for node in ast.walk(tree):
+            if id(node) in vanilla:
+                continue
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 if node.module == BRIDGE_PACKAGE or node.module.startswith(BRIDGE_PACKAGE + "."):
                     direct.add(rel)
