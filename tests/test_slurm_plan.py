@@ -479,3 +479,12 @@ def test_every_path_flag_of_the_forwarded_task_is_mounted_absolute_from_its_flag
     assert f"--find-links {wheels}" in " ".join(p.step_script().split())
     p = _plan(spaced, "judge", "--log", "logs/verl.log")
     assert (str(log.parent), str(log.parent)) in p.mounts, p.mounts
+
+
+def test_path_flags_are_found_when_only_some_tasks_were_made():
+    """A process that made only the level tasks (an xdist worker, a bench) still reads install-modelopt's path flags:
+    the declared table is completed from tasks.py (CI caught the first version answering nothing there)."""
+    code = ("from sessions.run.level import make_level_task; make_level_task(0)\n"
+            "from env.protocol import flags; print(flags.path_options('install-modelopt'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True)
+    assert "--find-links" in out.stdout, out.stdout + out.stderr

@@ -185,11 +185,12 @@ DECLARED: dict[str, FlagTable] = {}
 
 def path_options(task: str) -> tuple[str, ...]:
     """The `--options` of `task` that take a local path (Slurm mounts them, a remote line makes them absolute)."""
-    if not DECLARED:  # outside invoke (a test, a bench): declaring the tasks is importing tasks.py
+    name = task.replace("_", "-")
+    if name not in DECLARED:  # outside invoke (a test, a bench), where only some tasks were made: tasks.py declares all
         import importlib  # noqa: PLC0415
 
         importlib.import_module("tasks")
-    table = DECLARED.get(task.replace("_", "-")) or DECLARED.get(task)
+    table = DECLARED.get(name)
     return tuple(f.option for f in table.flags if f.path) if table else ()
 
 
