@@ -12,30 +12,13 @@ import re
 
 try:  # Python 3.11+
     import re._parser as sre_parse  # type: ignore[import-not-found]
-    from re._constants import (  # type: ignore[import-not-found]
-        ASSERT,
-        ASSERT_NOT,
-        AT,
-        BRANCH,
-        IN,
-        LITERAL,
-        MAX_REPEAT,
-        MIN_REPEAT,
-        SUBPATTERN,
-    )
 except ImportError:  # Python 3.10
     import sre_parse  # type: ignore[no-redef]
-    from sre_constants import (  # type: ignore[no-redef]
-        ASSERT,
-        ASSERT_NOT,
-        AT,
-        BRANCH,
-        IN,
-        LITERAL,
-        MAX_REPEAT,
-        MIN_REPEAT,
-        SUBPATTERN,
-    )
+
+# the opcodes, from the parser that emits them (it re-exports its constants module on 3.10 and 3.11+ alike)
+ASSERT, ASSERT_NOT, AT, BRANCH, IN, LITERAL, MAX_REPEAT, MIN_REPEAT, SUBPATTERN = (
+    sre_parse.ASSERT, sre_parse.ASSERT_NOT, sre_parse.AT, sre_parse.BRANCH, sre_parse.IN, sre_parse.LITERAL,
+    sre_parse.MAX_REPEAT, sre_parse.MIN_REPEAT, sre_parse.SUBPATTERN)
 
 MAX_ALTERNATIVES = 16  # exact strings followed through a class or a branch ([Ss]aving: 2)
 WORD_RE = re.compile(r"[A-Za-z0-9_]+")
