@@ -156,8 +156,10 @@ def test_preflight_failures_are_blocked_before_verl_starts(workspace, case, tmp_
         (workspace.bridge / "src/megatron/bridge/training/__init__.py").write_text("")
         (workspace.bridge / "src/megatron/bridge/training/config.py").write_text("import megatron.energon\n")
         expect = ("env-dependency", "megatron-energon")
-    # the default path: the Ray worker probe on (a throwaway local cluster), as a user runs it
-    proc = workspace.invoke("level0", "--skip-bridge-checks", env={"VERL_E2E_RAY_PROBE": "1", **env})
+    # the default path: the Ray worker probe on (a throwaway local cluster), as a user runs it; a heavy probe's
+    # Blocked stops verl before it starts only with --probe-first (else verl starts alongside: the tests below)
+    first = ["--probe-first"] if case in ("bridge_dependency", "energon_missing") else []
+    proc = workspace.invoke("level0", "--skip-bridge-checks", *first, env={"VERL_E2E_RAY_PROBE": "1", **env})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     run_dir = only_run_dir(workspace)
     assert not (run_dir / "verl.log").exists(), "verl must not start"

@@ -12,6 +12,7 @@ model, data), checks_host.py (GPUs, disk, devices, container image), modelopt.py
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from data.gsm8k import validate_parquet
@@ -50,10 +51,10 @@ from env.preflight.checks_python import (
 )
 from env.preflight.gpus import detect_gpus
 from env.preflight.modelopt import check_container_setup
-from env.preflight.pythonpath import located, probe_imports, run_entries
+from env.preflight.pythonpath import probe_imports, run_entries, start_locating, stop_running_probes
 from env.preflight.ray_probe import RayProbe, check_ray_worker, ray_probe_on, start_ray_probe
 
-__all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "run_checks", "status_table"]
+__all__ = ["BLOCKED", "OK", "SKIPPED", "WARN", "Check", "CheckFn", "RunContext", "HeavyChecks", "run_checks", "start_checks", "status_table"]
 
 
 # Phase 1, cheap: no module code of the stack runs (find_spec, files, git, nvidia-smi, disk); what takes time in
@@ -92,7 +93,7 @@ USES = {check_imports: ("imports",), check_modelopt: ("imports",), check_ray_wor
 def _prefetch_cheap(ctx: RunContext) -> None:
     launcher = choose_launcher(ctx)  # the probes below must ask the Python that will run verl
     if ctx.probe and launcher.status != BLOCKED:
-        ctx.facts.start("locate", lambda: located(ctx))
+        start_locating(ctx)
     for name in ("train_files", "val_files"):
         path = ctx.settings.values[name]
         ctx.facts.start(f"data {name}", lambda p=path: validate_parquet(p))
@@ -151,6 +152,52 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
     probes: a level (stop_at_blocked) starts them only when no cheap check is Blocked; doctor starts them whenever
     the run's Python can answer, and marks them as not run, with the reason, when it cannot.
     Wall times per phase and per probe, and which probes started, land in ctx.evidence["preflight_timings"]."""
+    checks, heavy = start_checks(ctx, stop_at_blocked)
+    return checks + (heavy.finish() if heavy is not None else [])
+
+
+class HeavyChecks:
+    """The heavy probes, started and not yet waited for. They only ever add results and report text (no check in
+    HEAVY changes the run's env or overrides), so a level may start verl while they run and stop it when one of
+    them is Blocked. `finish()` waits for their answers, runs the HEAVY checks and closes preflight's timings."""
+
+    def __init__(self, ctx: RunContext, began: float, timings: dict, cached: bool) -> None:
+        self.ctx, self._began, self._timings, self._cached = ctx, began, timings, cached
+        self._checks: list[Check] | None = None
+        self.recorded = False  # a level has put the results in its run record
+
+    def answered(self) -> bool:
+        """Every fact the heavy checks read is in (finish() will not wait)."""
+        return self.ctx.facts.done(("heavy", "imports", "ray"))
+
+    def cached(self) -> bool:
+        """The answers come from the probe cache (decided from the cache's files before the probes started, not
+        from how fast a thread ran): nothing is gained by starting verl before them."""
+        return self._cached
+
+    def abandon(self, why: str) -> list[Check]:
+        """Stop the probes in flight (an interrupted level); their checks read as not answered."""
+        if self._checks is None:
+            stop_running_probes()
+            self._checks = [Check(name, SKIPPED, f"not answered: {why}") for name in HEAVY_NAMES]
+            _close_timings(self.ctx, self._began, self._timings)
+        return self._checks
+
+    def finish(self) -> list[Check]:
+        if self._checks is None:
+            try:
+                self._checks = [c for fn in HEAVY for c in _run(fn, self.ctx)]
+            finally:
+                _close_timings(self.ctx, self._began, self._timings)
+        return self._checks
+
+
+def start_checks(ctx: RunContext, stop_at_blocked: bool = True, before_heavy: Callable[[], None] | None = None,
+                 prior: list[Check] | None = None) -> tuple[list[Check], HeavyChecks | None]:
+    """run_checks in two halves: the cheap checks' results, and the heavy probes started (None when they are not
+    run: dry probes, no Python to ask, or a cheap Blocked in a level). `before_heavy` runs just before they start
+    (a level's `ray stop --force`, which would otherwise kill the Ray probe's own cluster). `prior`: checks made
+    before these (a level's left-over trainer check), whose Blocked one stops the heavy phase too."""
     began = time.monotonic()
     checks: list[Check] = []
     timings: dict = {}
@@ -160,26 +207,42 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
             checks += _run(fn, ctx)
         timings["cheap_s"] = round(time.monotonic() - began, 3)
         if not ctx.probe:
-            return checks
-        blocked = first_blocked(checks)
+            _close_timings(ctx, began, timings)
+            return checks, None
+        blocked = first_blocked([*(prior or []), *checks])
         cannot = _heavy_cannot_run(ctx)
         if cannot is not None or (blocked is not None and stop_at_blocked):
             why = (f"cannot run yet: {cannot}" if cannot is not None else
                    f"not started: '{blocked.name}' is Blocked (heavy probes run once the cheap checks pass; "
                    "`invoke doctor` runs them anyway)")
             checks += [Check(name, SKIPPED, why) for name in HEAVY_NAMES]
-            return checks
+            _close_timings(ctx, began, timings)
+            return checks, None
+        cached = _answers_cached(ctx)
+        if before_heavy is not None:
+            before_heavy()
         _start_heavy(ctx)
-        for fn in HEAVY:
-            checks += _run(fn, ctx)
-        return checks
-    finally:
-        timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
-        ctx.evidence["preflight_timings"] = {
-            **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
-            "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from),
-            "inside_probe_s": _inside_probe(ctx)}
-        ctx.facts.close()
+    except BaseException:
+        _close_timings(ctx, began, timings)
+        raise
+    return checks, HeavyChecks(ctx, began, timings, cached)
+
+
+def _answers_cached(ctx: RunContext) -> bool:
+    """The heavy answers will come from the probe cache: the imports', and the Ray probe's when it starts a
+    cluster of its own (attached to --ray-address it is asked every time, but starts no cluster)."""
+    if not probe_cache.peek(ctx, "imports", _import_request(ctx)):
+        return False
+    return not ray_probe_on(ctx) or bool(ctx.settings.ray_address) or probe_cache.peek(ctx, "ray", ["local"])
+
+
+def _close_timings(ctx: RunContext, began: float, timings: dict) -> None:
+    timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
+    ctx.evidence["preflight_timings"] = {
+        **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
+        "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from),
+        "inside_probe_s": _inside_probe(ctx)}
+    ctx.facts.close()
 
 
 def _inside_probe(ctx: RunContext) -> dict:

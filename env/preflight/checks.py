@@ -68,6 +68,10 @@ class Facts:
     def started(self, name: str) -> bool:
         return name in self._futures
 
+    def done(self, names: Iterable[str]) -> bool:
+        """Every one of these facts that was started has its answer."""
+        return all(self._futures[n].done() for n in names if n in self._futures)
+
     def names(self) -> list[str]:
         return sorted(self._futures)
 

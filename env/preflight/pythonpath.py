@@ -329,6 +329,39 @@ class ProbeError(Exception):
     pass
 
 
+# Probe processes in flight: a level that starts verl alongside them stops them when it is interrupted (else the
+# tool's exit would wait for a 30-40 s import, and SIGKILL would leave the Ray probe's cluster behind).
+RUNNING: set[subprocess.Popen] = set()
+
+
+def run_probe(argv: list[str], env: dict[str, str], cwd: Path | None, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output=True, text=True) for a probe, registered in RUNNING while it runs."""
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    RUNNING.add(proc)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        RUNNING.discard(proc)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def stop_running_probes(grace_s: float = 10.0) -> None:
+    """SIGTERM every probe in flight (Ray's driver shuts its local cluster down on SIGTERM), SIGKILL after grace."""
+    procs = list(RUNNING)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout: float = 300,
                   imports: list[str] | tuple[str, ...] = (), heavy: bool = True,
                   environ: dict[str, str] | None = None, ray: dict | None = None) -> ImportProbe:
@@ -344,9 +377,7 @@ def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     request = json.dumps(request_data)
     try:
-        proc = subprocess.run(
-            [python, "-c", _PROBE, request], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
-        )
+        proc = run_probe([python, "-c", _PROBE, request], env=env, cwd=cwd, timeout=timeout)
     except FileNotFoundError:
         raise ProbeError(f"Python {python!r} not found") from None
     except subprocess.TimeoutExpired:
@@ -364,8 +395,17 @@ def probe_imports(python: str, pythonpath: str, cwd: Path | None = None, timeout
 
 def located(ctx: RunContext) -> ImportProbe:
     """The cheap probe of a run (find_spec only), once per run: where Bridge/core/verl load from, what is present."""
-    return ctx.facts.get("locate", lambda: probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path),
-                                                         heavy=False, environ=ctx.environ))
+    return ctx.facts.get("locate", lambda: _locate(ctx))
+
+
+def start_locating(ctx: RunContext) -> None:
+    """Start the cheap probe in the background. The fact runs the probe itself: a fact that called located()
+    would wait on its own future (seen as a pytest process that never exited)."""
+    ctx.facts.start("locate", lambda: _locate(ctx))
+
+
+def _locate(ctx: RunContext) -> ImportProbe:
+    return probe_imports(ctx.python, ctx.pythonpath, cwd=Path(ctx.verl.path), heavy=False, environ=ctx.environ)
 
 
 def is_under(path: str | None, root: Path) -> bool:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from env.preflight import probe_cache
 from env.preflight.checks import BLOCKED, OK, SKIPPED, WARN, Check
-from env.preflight.pythonpath import is_under, run_entries
+from env.preflight.pythonpath import is_under, run_entries, run_probe
 from env.preflight.ray_function import RAY_FUNCTION
 from env.repos import MEGATRON_LM
 
@@ -64,8 +64,7 @@ def probe_ray_worker(python: str, pythonpath: str, address: str | None = None, c
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     probe = RayProbe(address)
     try:
-        proc = subprocess.run([python, "-c", _RAY_PROBE, address or "", pythonpath], cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=timeout)
+        proc = run_probe([python, "-c", _RAY_PROBE, address or "", pythonpath], env=env, cwd=cwd, timeout=timeout)
     except FileNotFoundError:
         probe.driver_error = f"Python {python!r} not found"
         return probe

@@ -21,7 +21,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -77,7 +77,7 @@ class Redactor:
 @dataclass
 class LaunchResult:
     exit_code: int | None
-    termination: str | None  # None | "interrupted" | "timeout"
+    termination: str | None  # None | "interrupted" | "timeout" | "blocked" (a preflight probe, while verl started)
     duration_s: float
     log_path: str
     signal_name: str | None = None
@@ -240,11 +240,14 @@ def run_logged(
     stall_timeout: float | None = None,
     secrets: Iterable[bytes] = (),
     display: Any = None,
+    watch: Callable[[], str | None] | None = None,
 ) -> LaunchResult:
     """Run argv, tee its stdout+stderr into `log` and to a display, survive our own SIGINT/SIGTERM.
 
     `echo`: a stream that gets every byte (the old tee); else `display` (sessions/run/progress.py), by default the
     status line of this process (or the whole stream when VERL_E2E_VERBOSE=1). The display is closed here.
+    `watch`: polled every tick; a reason it returns stops the run as "blocked" (preflight probes that answered
+    Blocked while verl started).
     """
     from sessions.run import progress
 
@@ -321,6 +324,10 @@ def run_logged(
                 break  # the wrapper is gone; a detached child still holds the pipe
             if stall_timeout and termination is None and now - last_output > stall_timeout:
                 request_stop("timeout", f"no output for {stall_timeout:.0f}s")
+            if watch is not None and termination is None and exited_at is None:
+                reason = watch()
+                if reason:
+                    request_stop("blocked", reason)
             if stop_deadline is not None and now > stop_deadline:
                 _stop_group(proc, signal.SIGKILL)
                 stop_deadline = now + 5.0

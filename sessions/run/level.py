@@ -18,10 +18,13 @@ from typing import Any
 
 from env import presets
 from env.preflight.checklist import (
+    HEAVY_NAMES,
     Check,
+    HeavyChecks,
     RunContext,
     first_blocked,
     run_checks,
+    start_checks,
     status_table,
     timings_text,
 )
@@ -34,7 +37,7 @@ from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, requ
 from sessions.bridge_unit.records import BridgeChecks
 from sessions.run import level_rules, progress
 from sessions.run.launch import leftover_checks, redact_env, run_logged, secret_values
-from sessions.run.record import save_run, summarize_run_dir
+from sessions.run.record import interrupted, save_run, summarize_run_dir
 from sessions.run.report import write_reports
 from sessions.run.rundir import new_run_dir, next_run_dir
 
@@ -65,6 +68,8 @@ LEVEL_FLAGS: tuple[Flag, ...] = (
          forward=True),
     Flag("download", False, "download the model to scratch first when it is absent"),
     Flag("fresh_probe", False, "ignore the preflight probe cache in $LOG_DIR (probe the environment again)"),
+    Flag("probe_first", False, "start verl only after the heavy preflight probes answered (default: they run "
+         "alongside verl's start, which is stopped if one is Blocked)"),
     Flag("skip_bridge_checks", False, "do not require Bridge-side checks (reported as Not requested)", forward=True),
     Flag("bridge_tests", None, "extra model-specific Bridge test paths, comma separated", nonempty=True, forward=True),
     Flag("allow_missing", False, "run the Bridge checks even if a targeted path is missing (named in the report)",
@@ -127,6 +132,7 @@ class LevelOptions:
     dummy_config: Path | None = None
     download: bool = False
     fresh_probe: bool = False
+    probe_first: bool = False
     skip_bridge_checks: bool = False
     bridge_tests: list[str] = field(default_factory=list)
     allow_missing: bool = False
@@ -330,18 +336,30 @@ def build_context(opts: LevelOptions, settings: Resolved, probe: bool, dry_run: 
 
 
 def prepare_runs(opts: LevelOptions, settings: Resolved, ctx: RunContext, run_dir: Path,
-                 stop_at_blocked: bool = True) -> tuple[list[Check], list[PlannedRun]]:
+                 stop_at_blocked: bool = True, before_heavy: Any = None,
+                 ) -> tuple[list[Check], list[PlannedRun], HeavyChecks | None]:
     """Preflight, then the runs it shapes (env, dropped variables, appended overrides such as the Apex, nsys and
     reward-model ones): the one computation behind both a level run and its --dry-run, so that the dry-run prints
-    exactly the command the run starts."""
-    checks = leftover_checks(Path(settings.log_dir)) + run_checks(ctx, stop_at_blocked=stop_at_blocked)
+    exactly the command the run starts. The heavy probes are started, not waited for: no heavy check shapes the
+    run, so the caller decides whether verl starts before their answers (see _heavy_alongside)."""
+    checks = leftover_checks(Path(settings.log_dir))
+    cheap, heavy = start_checks(ctx, stop_at_blocked=stop_at_blocked, before_heavy=before_heavy, prior=checks)
+    checks += cheap
     if not stop_at_blocked or first_blocked(checks) is None:
         checks += level_rules.level_checks(opts.number, ctx)
-    return checks, plan_runs(opts, settings, ctx, run_dir)
+    return checks, plan_runs(opts, settings, ctx, run_dir), heavy
+
+
+def _heavy_alongside(opts: LevelOptions, heavy: HeavyChecks | None) -> bool:
+    """Whether verl starts while the heavy probes still run. On a cold host they take 30-40 s (importing the whole
+    stack in the run's Python; measured on an H200 host), most of a Level 0's overhead; verl's own start takes
+    minutes and needs the same imports, so the probes run alongside it and a Blocked answer stops verl within a
+    tick. Not when the answers are cached or already in (nothing to gain), or with --probe-first."""
+    return heavy is not None and not opts.probe_first and not heavy.cached() and not heavy.answered()
 
 
 def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: list[Check],
-                   planned: list[PlannedRun], opts: LevelOptions) -> None:
+                   planned: list[PlannedRun], opts: LevelOptions, alongside: bool = False) -> None:
     print(f"# run directory, named when the run starts: {run_dir}")
     for run in planned:
         print(f"# run {run.name}: environment = this shell's, with:")
@@ -364,6 +382,10 @@ def _print_dry_run(ctx: RunContext, settings: Resolved, run_dir: Path, checks: l
         for lim in feature_limitations(opts.feature, opts.script, None, list(opts.extra_overrides)):
             print(f"#   limitation: {lim}")
     print("# preflight (the run's own checks; nothing downloaded or installed)")
+    if alongside:
+        print(f"# the run starts verl once the cheap checks pass; {', '.join(HEAVY_NAMES)} run alongside verl's "
+              "start (not cached: cold they take 30-40 s), and a Blocked answer stops verl and Blocks the run "
+              "(--probe-first waits for them)")
     print(status_table(checks))
     blocked = first_blocked(checks)
     if blocked is not None:
@@ -389,14 +411,25 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
 
     if opts.dry_run:
         run_dir = next_run_dir(Path(settings.log_dir), label, settings.model_id)
-        checks, planned = prepare_runs(opts, settings, ctx, run_dir, stop_at_blocked=False)
-        _print_dry_run(ctx, settings, run_dir, checks, planned, opts)
+        checks, planned, heavy = prepare_runs(opts, settings, ctx, run_dir, stop_at_blocked=False)
+        alongside = _heavy_alongside(opts, heavy)  # decided before the answers are in, as the run decides it
+        checks += heavy.finish() if heavy is not None else []
+        _print_dry_run(ctx, settings, run_dir, checks, planned, opts, alongside)
         return 0
 
     run_dir = new_run_dir(Path(settings.log_dir), label, settings.model_id)
     lines.say_run_dir(run_dir)
-    checks, planned = prepare_runs(opts, settings, ctx, run_dir)
+    ray_stopped: list[str] = []  # `ray stop --force` before the Ray probe starts its cluster, not after
+    preflight_started = time.time()
+    checks, planned, heavy = prepare_runs(opts, settings, ctx, run_dir,
+                                          before_heavy=lambda: ray_stopped.extend(_ray_stop(ctx, settings)))
+    if heavy is not None and not _heavy_alongside(opts, heavy):
+        checks += heavy.finish()
+        heavy = None
     print(status_table(checks), flush=True)
+    if heavy is not None:
+        _say(f"preflight: {', '.join(HEAVY_NAMES)}: running alongside verl's start; a Blocked answer stops verl "
+             "(--probe-first: wait for them)")
     blocked = first_blocked(checks)
     record: dict[str, Any] = {
         "level": number, "title": level.title, "variant": opts.variant, "options": asdict(opts),
@@ -407,6 +440,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         "evidence": ctx.evidence, "limitations": ctx.limitations, "notes": ctx.notes,
         "overrides": ctx.overrides, "drop_env": ctx.drop_env, "runs": [], "bridge_checks": None,
         "started": time.time(), "finished": None, "stopped_before_verl": None,
+        "preflight_started": preflight_started, "heavy_alongside": heavy is not None,
         # level 1: the series' own checkpoint directory (new with the run directory: never a stale one)
         "checkpoint_dir": str(run_dir / "checkpoints") if level.owns_checkpoints else None,
     }
@@ -424,8 +458,17 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
         if (not record["stopped_before_verl"] and checks_result.status not in ("Pass", "Not requested")
                 and not opts.keep_going):
             record["stopped_before_verl"] = f"Bridge-side checks {checks_result.status} (--keep-going to run anyway)"
-        if not record["stopped_before_verl"]:
-            _launch_all(ctx, settings, planned, run_dir, record)
+        if heavy is not None and heavy.answered():  # in while the Bridge-side checks ran: before verl, then
+            _heavy_answer(heavy, record, run_dir)
+            heavy = None
+        if not record["stopped_before_verl"] and not record["blocked"]:
+            _launch_all(ctx, settings, planned, run_dir, record, heavy, ray_stopped)
+    if heavy is not None and not heavy.recorded:  # verl ended (or was stopped) before the probes answered
+        if interrupted(record):
+            record["preflight"] += [ch.to_json() for ch in heavy.abandon("the run was interrupted first")]
+            heavy.recorded = True
+        else:
+            _heavy_answer(heavy, record, run_dir)
     record["finished"] = time.time()
     save_run(run_dir, record)
 
@@ -447,19 +490,53 @@ def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions
                             settings.stall_timeout * 60 if settings.stall_timeout else None)
 
 
-def _ray_stop(ctx: RunContext, settings: Resolved, run: PlannedRun, log: Any) -> None:
-    """`ray stop --force` on this host, never when attaching to someone's cluster (--ray-address)."""
-    if not settings.ray_address and shutil.which("ray", path=run.env.get("PATH")):
-        stop = subprocess.run(["ray", "stop", "--force"], cwd=ctx.verl.path, env=run.env, capture_output=True,
-                              timeout=120)
-        log.write(f"{TOOL_PREFIX} ray stop --force: exit {stop.returncode}\n".encode())
-        log.flush()
+def _heavy_answer(heavy: HeavyChecks, record: dict, run_dir: Path) -> Check | None:
+    """Wait for the heavy probes, add their results to the record; their first Blocked one blocks the level."""
+    checks = heavy.finish()
+    if heavy.recorded:
+        return first_blocked(checks)
+    heavy.recorded = True
+    record["preflight"] += [ch.to_json() for ch in checks]
+    blocked = first_blocked(checks)
+    if record["runs"]:  # verl had started alongside the probes: say when each happened
+        began = record["preflight_started"]
+        answered = record["evidence"].get("preflight_timings", {}).get("total_s")
+        record["notes"].append(
+            f"preflight's heavy probes ran alongside verl's start: verl started "
+            f"{record['runs'][0]['started'] - began:.1f} s after preflight began"
+            + (f", the probes answered {answered:.1f} s after it" if answered is not None else ""))
+    if blocked is not None and not record["blocked"]:
+        record["blocked"] = blocked.to_json()
+        if record["runs"]:
+            record["blocked"]["while_verl_ran"] = True
+    save_run(run_dir, record)
+    return blocked
 
 
-def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], run_dir: Path, record: dict) -> None:
+def _ray_stop(ctx: RunContext, settings: Resolved, env: dict[str, str] | None = None) -> list[str]:
+    """`ray stop --force` on this host, never when attaching to someone's cluster (--ray-address); the log line."""
+    env = env if env is not None else ctx.environ
+    if settings.ray_address or not shutil.which("ray", path=env.get("PATH")):
+        return []
+    stop = subprocess.run(["ray", "stop", "--force"], cwd=ctx.verl.path, env=env, capture_output=True, timeout=120)
+    return [f"{TOOL_PREFIX} ray stop --force: exit {stop.returncode}\n"]
+
+
+def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], run_dir: Path, record: dict,
+                heavy: HeavyChecks | None = None, ray_stopped: list[str] | None = None) -> None:
+    """Each planned run in turn, its log teed into the run directory. `heavy`: preflight probes still running
+    (the first run starts alongside them); polled while a run goes, a Blocked answer stops it."""
     secrets = secret_values(ctx.environ)
+
+    def probes_blocked() -> str | None:
+        nonlocal heavy
+        if heavy is None or not heavy.answered():
+            return None
+        blocked, heavy = _heavy_answer(heavy, record, run_dir), None
+        return None if blocked is None else f"preflight '{blocked.name}' Blocked"
+
     stall = settings.stall_timeout * 60 if settings.stall_timeout else None
-    for run in planned:
+    for i, run in enumerate(planned):
         log_path = run_dir / run.log_name
         entry = {"name": run.name, "log": run.log_name, "argv": run.argv, "wrapper_env": run.wrapper_env,
                  "command": replay_command(ctx.verl.path, run, ctx.drop_env), "started": time.time()}
@@ -468,17 +545,21 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
         with open(log_path, "ab") as log:
             header = f"{TOOL_PREFIX} level {record['level']} run {run.name}: {entry['command']}\n"
             log.write(header.encode())
-            _ray_stop(ctx, settings, run, log)
+            # the first run's stop ran before the heavy probes (whose Ray cluster it would kill)
+            stopped = ray_stopped if i == 0 and ray_stopped else _ray_stop(ctx, settings, run.env)
+            log.write("".join(stopped).encode())
+            log.flush()
             steps = run.wrapper_env.get("TOTAL_TRAIN_STEPS")
             display = progress.verl_display("verl" if len(planned) == 1 else f"verl run {run.name}", run_dir,
                                             level=record["level"], steps=int(steps) if steps else None)
             result = run_logged(run.argv, cwd=Path(ctx.verl.path), env=run.env, log=log, log_path=log_path,
-                                stall_timeout=stall, secrets=secrets, display=display)
+                                stall_timeout=stall, secrets=secrets, display=display, watch=probes_blocked)
             log.write(f"\n{lines.wrapper_exit_footer(result.exit_code, result.termination, result.duration_s)}\n"
                       .encode())
             if result.termination:
                 # Ray's daemons run in sessions of their own: stopping the wrapper's group does not reach them
-                _ray_stop(ctx, settings, run, log)
+                log.write("".join(_ray_stop(ctx, settings, run.env)).encode())
+                log.flush()
         entry.update(exit_code=result.exit_code, termination=result.termination, duration_s=result.duration_s,
                      signal=result.signal_name)
         if record.get("checkpoint_dir"):  # what this run left in the series' directory (kept after cleanup)
@@ -486,6 +567,11 @@ def _launch_all(ctx: RunContext, settings: Resolved, planned: list[PlannedRun], 
         save_run(run_dir, record)
         if result.termination or result.exit_code != 0:
             break  # a later run of the series (level 1 B) means nothing after this one failed
+        if heavy is not None:  # never start a second run before the probes answered
+            _heavy_answer(heavy, record, run_dir)
+            heavy = None
+            if record["blocked"]:
+                break
 
 
 def doctor_command(c: Any, flags: dict[str, Any], level: int = 0, as_json: bool = False, timings: bool = False,

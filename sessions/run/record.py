@@ -27,6 +27,12 @@ def save_run(run_dir: Path, run: dict) -> None:
     tmp.replace(run_dir / RUN_FILE)
 
 
+def _as_judged(termination: str | None) -> str | None:
+    """A run the tool stopped because a preflight probe answered Blocked is, to the log's judge, one the tool
+    interrupted; the level's Blocked comes from the record."""
+    return "interrupted" if termination == "blocked" else termination
+
+
 def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
     from sessions.judge.verdict import judge_log
 
@@ -38,7 +44,7 @@ def _judge_runs(run_dir: Path, record: dict) -> list[tuple[dict, Verdict]]:
         steps = entry.get("wrapper_env", {}).get("TOTAL_TRAIN_STEPS")
         verdict = judge_log(log, level=record["level"], steps_expected=int(steps) if steps else None,
                             bridge_src=str(Path(record["bridge"]["path"]) / "src"),
-                            exit_code=entry.get("exit_code"), termination=entry.get("termination"))
+                            exit_code=entry.get("exit_code"), termination=_as_judged(entry.get("termination")))
         out.append((entry, verdict))
     return out
 
@@ -108,8 +114,13 @@ def summarize_run_dir(run_dir: Path) -> dict:
                     _import_deliverable(record, judged)]
     if blocked:
         fix = f"; fix: {blocked['fix']}" if blocked.get("fix") else ""
+        when = "verl not started"
+        if blocked.get("while_verl_ran") and record["runs"]:  # the heavy probes ran alongside verl's start
+            took = record["runs"][0].get("duration_s")
+            when = (f"verl, started alongside the heavy probes, stopped after {took:.0f} s" if took is not None
+                    else "verl, started alongside the heavy probes, stopped") + f" (log kept: {record['runs'][0]['log']})"
         run_d = Deliverable("verl Megatron backend run", "Blocked",
-                            f"verl not started: preflight '{blocked['name']}': {blocked['detail']}{fix}")
+                            f"{when}: preflight '{blocked['name']}': {blocked['detail']}{fix}")
     elif record.get("stopped_before_verl"):
         run_d = Deliverable("verl Megatron backend run", "Skipped", f"verl not started: {record['stopped_before_verl']}")
     elif not judged:
@@ -119,7 +130,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
     deliverables.append(run_d)
     if level.variant_deliverable is None:
         deliverables.append(Deliverable("Requested variants", "Not requested", f"Level {number} requests no variant"))
-    elif run_d.status in ("Skipped", "Blocked") and not judged:
+    elif run_d.status in ("Skipped", "Blocked") and (not judged or blocked):
         deliverables.append(Deliverable("Requested variants", "Skipped",
                                         f"{level.variant_deliverable}{variant}: verl not started"))
     else:
@@ -130,7 +141,9 @@ def summarize_run_dir(run_dir: Path) -> dict:
         deliverables.append(Deliverable("Log capture", "Skipped", f"verl not started; preflight in {run_dir / RUN_FILE}"))
     elif all(p.is_file() and p.stat().st_size > 0 for p in logs):
         cut = [e["name"] for e in record["runs"] if e.get("termination")]
-        note = f" (complete up to the {', '.join(e['termination'] for e in record['runs'] if e.get('termination'))})" if cut else ""
+        stops = ", ".join("preflight's stop" if e["termination"] == "blocked" else e["termination"]
+                          for e in record["runs"] if e.get("termination"))
+        note = f" (complete up to the {stops})" if cut else ""
         deliverables.append(Deliverable("Log capture", "Pass", ", ".join(map(str, logs)) + note))
     else:
         deliverables.append(Deliverable("Log capture", "Fail", f"missing or empty: {', '.join(map(str, logs))}"))
@@ -152,9 +165,12 @@ def summarize_run_dir(run_dir: Path) -> dict:
     restated = _restated_settings(record, judged)
     user_overrides = [f"user override after --: {o} (not part of the procedure's preset)"
                       for o in record["options"].get("extra_overrides") or []]
+    # a run preflight stopped says nothing of its own: its interruption's limitations and follow-ups are not the user's
+    stopped_by_preflight = bool(blocked and blocked.get("while_verl_ran"))
     limitations = list(record.get("limitations", [])) + list(bc.get("limitations") or []) + user_overrides + \
-        [x for x in outcome.limitations if x not in restated and "not evidence against the Bridge" not in x]
-    follow_ups = list(outcome.follow_ups)
+        [x for x in outcome.limitations if x not in restated and "not evidence against the Bridge" not in x
+         and not (stopped_by_preflight and "interrupted" in x)]
+    follow_ups = [] if stopped_by_preflight else list(outcome.follow_ups)
     if blocked and blocked.get("fix"):
         follow_ups.insert(0, f"fix the environment: {blocked['fix']}, then rerun")
     if bc["status"] in ("Fail", "Blocked"):
@@ -186,7 +202,7 @@ def summarize_run_dir(run_dir: Path) -> dict:
         },
         "limitations": list(dict.fromkeys(limitations)),
         "follow_ups": list(dict.fromkeys(follow_ups)),
-        "category": outcome.category if judged else (blocked or {}).get("category") or
+        "category": (blocked or {}).get("category") or (outcome.category if judged else None) or
         ("success" if result == "Pass" else "unknown"),
         "verdicts": {e["name"]: v.to_json() for e, v in judged},
         "run_dir": str(run_dir),
