@@ -25,6 +25,8 @@ CASES = [
     ("level4_moe_pass", "verl.log", 4, ("Pass", "success"), "Pass"),
     ("level0_sigterm_interrupted", "verl.log", 0, ("Blocked", "interrupted"), "Blocked"),
     ("level0_pass", "verl.log", 0, ("Pass", "success"), "Pass"),
+    ("level0_alongside", "verl.log", 0, ("Pass", "success"), "Pass"),
+    ("level0_probe_first", "verl.log", 0, ("Pass", "success"), "Pass"),
 ]
 
 
@@ -68,3 +70,21 @@ def test_level5_on_a_random_model_is_no_learning_signal():
     leveled = judge_log(run / "verl.log", level=5, bridge_src=BRIDGE_SRC, level_rule=True)
     assert leveled.level_result == "Fail", leveled.to_json()
     assert "flat" in json.dumps(leveled.to_json()) and "critic/score/mean" in json.dumps(leveled.to_json())
+
+
+def test_level0_with_the_heavy_probes_alongside_verl():
+    """Third H200 session: Level 0 cold (--fresh-probe) twice each way, back to back on one host. Alongside, verl
+    started 3.5 s after preflight began and the heavy probes answered at 31.6 s, all of them passing; with
+    --probe-first verl started at 31.5 s. The record says which it was, and the import deliverable is the probe's."""
+    along = json.loads((RUNS / "level0_alongside" / "run.json").read_text())
+    first = json.loads((RUNS / "level0_probe_first" / "run.json").read_text())
+    assert along["heavy_alongside"] is True and first["heavy_alongside"] is False
+    started = along["runs"][0]["started"] - along["preflight_started"]
+    answered = along["evidence"]["preflight_timings"]["total_s"]
+    assert started < 5 < answered, (started, answered)
+    assert first["runs"][0]["started"] - first["preflight_started"] > first["evidence"]["preflight_timings"]["cheap_s"]
+    for record in (along, first):
+        heavy = {c["name"]: c["status"] for c in record["preflight"]}
+        assert heavy["megatron.bridge imports"] == "ok" and heavy["Ray worker imports the local Bridge"] == "ok"
+    summary = json.loads((RUNS / "level0_alongside" / "summary.json").read_text())
+    assert {d["name"]: d["status"] for d in summary["deliverables"]}["Local Bridge import in verl"] == "Pass"
