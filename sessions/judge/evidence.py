@@ -38,6 +38,7 @@ METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
 MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat on giant lines)
+MAX_TRACED_COMMAND = 1 << 16  # the wrapper's traced verl command kept (its overrides: which keys a script passed)
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
@@ -212,6 +213,7 @@ class Evidence:
         self.frames_seen = 0  # traceback frame lines
         self.fit_seen = False  # a frame in the trainer's fit() since the last progress (TaskRunner.run() trains)
         self.progress_count = 0  # times training went on (_progressed): a reader that skips lines watches it
+        self.traced_command: str | None = None  # a script's `set -x` line starting verl (`+ python3 -m verl.x ...`)
 
     # -- state copies (skim.py skips lines speculatively and goes back when it must) -------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -549,6 +551,8 @@ class Evidence:
                 self.exit_code = int(match.group(1))
                 self.termination = self.termination or match.group(2)
                 self.key_lines["tool_exit"] = _shorten(text, 200)
+        elif fact == "traced_command":  # a script's set -x of the verl command it runs: the overrides it passed
+            self.traced_command = text[:MAX_TRACED_COMMAND]
         elif fact == "save_done":
             self.key_lines["checkpoint_done"] = _shorten(text, 240)
         elif fact == "resume":
