@@ -13,9 +13,11 @@ Pasted logs wrap long `step:N - ...` lines; both readers join the wrapped contin
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 from env.settings import TOOL_PREFIX
@@ -204,10 +206,163 @@ class ScanStats:
     lines_yielded: int = 0
 
 
+# -- hard-wrapped pastes ------------------------------------------------------------------------------------------
+# A log pasted from a terminal (or `fold`) breaks every line longer than the window's width W into pieces of W
+# columns: an error token can be cut in two (`Trace` / `back`) and the pieces lose the Ray prefix. Such a file shows
+# it in its head: no line longer than W, and several different lines exactly W long (pieces; lines that differ
+# only in their numbers are one line printed by every rank). Its reader then joins a line exactly W long with the next one unless that one starts a log
+# line of its own (a Ray prefix, a traceback's first lines, an ANSI colour): the file is read as it was before the
+# paste, and nothing changes for any other file (one look at its head).
+WRAP_SNIFF_BYTES = 1 << 16
+WRAP_MIN_WIDTH = 40
+WRAP_MIN_PIECES = 2  # distinct lines exactly W long
+WRAP_BLOCK = 1 << 20
+DIGITS_BYTES_RE = re.compile(rb"\d+")
+DIGITS_RE = re.compile(r"\d+")
+# what starts a log line (a wrapped piece starts so only by chance): a Ray prefix with a pid or a Ray daemon's,
+# a traceback header or frame, an ANSI escape (colours lead a Ray prefix)
+LOG_LINE_START = (
+    r"\x1b|\((?:[A-Za-z_][\w.\-]* )?pid=\d+|\((?:raylet|autoscaler|gcs_server|dashboard|monitor)\)|"
+    r"Traceback \(most recent|  File \""
+)
+LOG_LINE_START_RE = re.compile(LOG_LINE_START.encode())
+LOG_LINE_START_TEXT_RE = re.compile(LOG_LINE_START)
+
+
+def _columns(line: bytes) -> int:
+    """Characters of a UTF-8 line (what a paste wraps by), without a trailing \r."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return len(line) if line.isascii() else len(line.decode("utf-8", "replace"))
+
+
+def hard_wrap_width(head: bytes, whole: bool) -> int | None:
+    """The width W a paste hard-wrapped this file's lines at, from its head (`whole`: the head is the whole file,
+    its last line complete), or None: no sign of a wrap. C-level work only for a file that shows none."""
+    text: bytes | str = head if head.isascii() else head.decode("utf-8", "replace")
+    lines = text.split(b"\n" if isinstance(text, bytes) else "\n")
+    if not whole or not lines[-1]:
+        lines.pop()  # a partial last line (or the empty rest after the last newline)
+    if len(lines) < 2:
+        return None
+    if ("\r" if isinstance(text, str) else b"\r") in text:
+        lines = [line.rstrip("\r" if isinstance(line, str) else b"\r") for line in lines]
+    lengths = list(map(len, lines))
+    width = max(lengths)
+    if width < WRAP_MIN_WIDTH or lengths.count(width) < WRAP_MIN_PIECES:
+        return None
+    # pieces of different lines; lines that differ only in numbers (every rank printing one message) are one
+    digits = DIGITS_BYTES_RE if isinstance(text, bytes) else DIGITS_RE
+    zero = b"0" if isinstance(text, bytes) else "0"
+    starts = LOG_LINE_START_RE if isinstance(text, bytes) else LOG_LINE_START_TEXT_RE
+    at_width = [i for i, n in enumerate(lengths) if n == width]
+    pieces = {digits.sub(zero, lines[i]) for i in at_width}
+    # and a wrap's W-long lines go on in a line that starts no log line of its own (a Ray log's next line does)
+    going_on = sum(1 for i in at_width if i + 1 < len(lines) and not starts.match(lines[i + 1]))
+    return width if len(pieces) >= WRAP_MIN_PIECES and 2 * going_on >= len(at_width) else None
+
+
+class HardWrapJoiner:
+    """Joins the pieces of hard-wrapped lines, one physical line (bytes, no newline) at a time: a line exactly
+    `width` columns long goes on in the next line unless that one starts a log line (LOG_LINE_START_RE)."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.pending: bytes | None = None  # a line whose last piece is exactly `width` long: it may go on
+
+    def push(self, line: bytes) -> list[bytes]:
+        """The lines this one completes (none while it may go on)."""
+        out = []
+        if self.pending is not None:
+            if LOG_LINE_START_RE.match(line) is None:  # a piece: it goes on the line before
+                self.pending += line
+                if _columns(line) != self.width:
+                    out.append(self.pending)
+                    self.pending = None
+                return out
+            out.append(self.pending)
+            self.pending = None
+        if _columns(line) == self.width:
+            self.pending = line
+        else:
+            out.append(line)
+        return out
+
+    def flush(self) -> list[bytes]:
+        pending, self.pending = self.pending, None
+        return [] if pending is None else [pending]
+
+
+def join_hard_wrapped(lines: Iterable[bytes], width: int) -> Iterator[bytes]:
+    """Byte lines (no newline) with the pieces of hard-wrapped lines joined (HardWrapJoiner)."""
+    joiner = HardWrapJoiner(width)
+    for line in lines:
+        yield from joiner.push(line)
+    yield from joiner.flush()
+
+
+class HardWrapJoined(io.RawIOBase):
+    """A binary file read through a HardWrapJoiner (a raw stream: read_chunks's readinto, or buffered as text)."""
+
+    def __init__(self, handle, width: int):
+        super().__init__()
+        self.handle = handle
+        self.joiner = HardWrapJoiner(width)
+        self.out = bytearray()
+        self.rest = b""  # the partial last line of the blocks read so far
+        self.eof = False
+
+    def _read_block(self) -> None:
+        block = self.handle.read(WRAP_BLOCK)
+        lines = (self.rest + block).split(b"\n")
+        self.rest = lines.pop()
+        for line in lines:
+            for done in self.joiner.push(line):
+                self.out += done
+                self.out += b"\n"
+        if not block:  # the end: a last line without a newline keeps having none
+            self.eof = True
+            last = self.joiner.push(self.rest) if self.rest else []
+            last += self.joiner.flush()
+            self.out += b"\n".join(last)
+            if last and not self.rest:
+                self.out += b"\n"
+
+    def readinto(self, view) -> int:
+        while len(self.out) < len(view) and not self.eof:
+            self._read_block()
+        n = min(len(view), len(self.out))
+        view[:n] = self.out[:n]
+        del self.out[:n]
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
+def open_log(path: str | os.PathLike[str]):
+    """The log opened for reading in binary: as is, or joined where its head shows a hard-wrapped paste."""
+    handle = open(path, "rb", buffering=0)
+    head = handle.read(WRAP_SNIFF_BYTES)
+    width = hard_wrap_width(head, len(head) < WRAP_SNIFF_BYTES) if b"\n" in head else None
+    handle.seek(0)
+    return handle if width is None else HardWrapJoined(handle, width)
+
+
+def open_log_text(path: str | os.PathLike[str]) -> io.TextIOWrapper:
+    """open_log as text lines (utf-8, errors replaced): a traced command wrapped by a paste is one line again."""
+    return io.TextIOWrapper(io.BufferedReader(open_log(path)), encoding="utf-8", errors="replace")
+
+
 def read_chunks(path: str | os.PathLike[str], chunk_size: int, stats: ScanStats) -> Iterator[tuple[bytearray, int, bool]]:
     """(buf, cut, eof) per chunk: buf[:cut] holds whole lines (all of the file's rest at eof). The consumer sends
-    back where the next chunk starts (`keep_from`, at most cut: a deferred step line is read again with more)."""
-    with open(path, "rb", buffering=0) as handle:
+    back where the next chunk starts (`keep_from`, at most cut: a deferred step line is read again with more).
+    A hard-wrapped paste is read joined (open_log)."""
+    with closing(open_log(path)) as handle:
         buf = bytearray(chunk_size + (1 << 16))
         view = memoryview(buf)
         filled = 0  # bytes of buf holding data (carry + new read)

@@ -1,0 +1,96 @@
+"""Hard-wrapped pastes (SPEC: "lines hard-wrapped by a paste"): every shared real log, broken into pieces of 120
+and of 80 columns as a terminal paste or `fold` does, is judged as it is unwrapped (result and category). The
+reader sees the wrap in the file's head (no line longer than W, several different lines exactly W long) and joins
+each W-long line with the next unless that one starts a log line (logstream.open_log)."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+
+from sessions.judge import logstream
+from sessions.judge.logstream import HardWrapJoined, hard_wrap_width, join_hard_wrapped, open_log_text
+from sessions.judge.verdict import judge_log
+from tests.conftest import real_logs
+
+WIDTHS = (120, 80)
+# (file, width) -> why its verdict cannot hold once wrapped; none so far
+EXCEPTIONS: dict[tuple[str, int], str] = {}
+
+
+def hard_wrap(text: str, width: int) -> str:
+    """Every line longer than `width` characters broken into pieces of `width` (the last one shorter)."""
+    out = []
+    for line in text.split("\n"):
+        out.extend([line[i:i + width] for i in range(0, len(line), width)] if len(line) > width else [line])
+    return "\n".join(out)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_real_log_hard_wrapped_is_judged_as_unwrapped(tmp_path, width):
+    folder = real_logs()
+    changed = []
+    for path in sorted(folder.glob("*.log")):
+        plain = judge_log(path)
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
+        wrapped = tmp_path / path.name
+        wrapped.write_bytes(hard_wrap(text, width).encode("utf-8", "surrogateescape"))
+        got = judge_log(wrapped)
+        if (got.result, got.category) != (plain.result, plain.category) and (path.name, width) not in EXCEPTIONS:
+            changed.append(f"{path.name}: {plain.result}/{plain.category} -> {got.result}/{got.category}")
+    assert not changed, "\n".join(changed)
+
+
+def _read(data: bytes, width: int) -> bytes:
+    joined = HardWrapJoined(io.BytesIO(data), width)
+    out = bytearray()
+    buf = bytearray(1000)
+    while n := joined.readinto(memoryview(buf)):
+        out += buf[:n]
+    return bytes(out)
+
+
+@pytest.mark.parametrize("block", [5, 64, 1 << 20])
+def test_the_joined_reader_gives_back_the_lines_before_the_paste(monkeypatch, block):
+    """Across read blocks, with or without a last newline, multi-byte characters counted as one column; a line of
+    exactly W*k characters is the one case a wrap cannot show (its next line would be joined), so none here."""
+    monkeypatch.setattr(logstream, "WRAP_BLOCK", block)
+    rng = random.Random(7)
+    for _ in range(200):
+        lines = []
+        for _ in range(rng.randint(1, 25)):
+            n = rng.choice([0, 5, 30, 79, 81, 150, 239, 401])
+            prefix = rng.choice(["(TaskRunner pid=12) ", "", "  File \"x.py\", line 3, in f ", "\x1b[36m(raylet)\x1b[0m "])
+            lines.append(prefix + "".join(rng.choice("abc é:-_/") for _ in range(n)))
+        lines = [line for line in lines if len(line) % 80]
+        text = "\n".join(lines) + rng.choice(["", "\n"])
+        assert _read(hard_wrap(text, 80).encode(), 80) == text.encode()
+
+
+def test_a_piece_that_starts_a_log_line_is_not_joined():
+    w = 40
+    lines = [b"x" * w, b"(WorkerDict pid=7) next line", b"y" * w, b"Traceback (most recent call last):",
+             b"z" * w, b"tail"]
+    assert list(join_hard_wrapped(lines, w)) == [b"x" * w, b"(WorkerDict pid=7) next line", b"y" * w,
+                                                   b"Traceback (most recent call last):", b"z" * w + b"tail"]
+
+
+@pytest.mark.parametrize("head, width", [
+    (b"(WorkerDict pid=1) " + b"a" * 100 + b"\nshort\n", None),  # one longest line: no wrap
+    (b"\n".join([b"[rank%d]: Watchdog caught collective operation timeout: " % r + b"x" * 60 for r in range(8)])
+     + b"\n", None),  # every rank's line has the same length: one line in numbers, no wrap
+    (hard_wrap("Traceback (most recent call last):\n" + "(TaskRunner pid=5) " + "q" * 300 + "\nRuntimeError: "
+               + "r" * 200 + "\n", 80).encode(), 80),
+])
+def test_the_wrap_width_is_seen_in_the_head(head, width):
+    assert hard_wrap_width(head, True) == width
+
+
+def test_the_traced_command_of_a_wrapped_paste_is_one_line_again(tmp_path):
+    command = "+ python3 -m verl.trainer.main_ppo " + " ".join(f"trainer.key_{i}=value_{i}" for i in range(40))
+    path = tmp_path / "w.log"
+    path.write_text(hard_wrap(command + "\n+ echo done\n" + "Error executing job " + "e" * 150 + "\n", 80))
+    with open_log_text(path) as f:
+        assert f.readline().rstrip("\n") == command
