@@ -35,9 +35,16 @@ EXTERNAL_PREFIX_RE = re.compile(
     r"(?:\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+)?"
     r"(?:\d{1,5}: )?"
 )
-RAY_PREFIX_RE = re.compile(
-    r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
+# Ray's prefix of a worker's line (ray/_private/worker.py print_worker_logs): `(<actor or task name> pid=N)`, with
+# `, ip=A` for another node; the name is the actor's class, its repr, or `<actor name> <class>` (verl names its
+# colocated workers: `(wiQkzJWorkerDict_0:0 WorkerDict pid=N)`): the source is its last word. `(pid=N)`: a worker
+# still starting. Ray's daemons print none: `(raylet)`, `(autoscaler +1m2s)`; a bare `(Name)` is an author's
+# shortening. A wrapped piece or a traceback's `(pid=N, ip=A, actor_id=...)` has more after the ip: no prefix.
+RAY_PREFIX = (
+    r"\((?:(?:(?P<label>[^()\s][^()]*?) +)?pid=\d+|(?P<name>[A-Za-z_][\w.\-]*)(?: \+\d[\dhms]*)?)"
+    r"(?:,\s*ip=[0-9A-Fa-f.:]+)?\)"
 )
+RAY_PREFIX_RE = re.compile(RAY_PREFIX + r"\s?")
 ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:3\d|39|0)m")
 ANSI_BYTES_RE = re.compile(ANSI_RE.pattern.encode())
 ANSI_RESIDUE_BYTES_RE = re.compile(ANSI_RESIDUE_RE.pattern.encode())
@@ -46,7 +53,7 @@ REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
 # A wrapped continuation of a metrics line: fragments of `key:value` joined by ` - `, nothing else.
 CONTINUATION_BYTES_RE = re.compile(rb"^ ?(?:- )?[\w./@%()+\-:]*(?: - [\w./@%()+\-:]*)*(?: -)? ?$")
-RAY_PREFIX_BYTES_RE = re.compile(rb"\((?:[A-Za-z_][\w.\-]*(?: pid=\d+)?|pid=\d+)(?:, ip=[0-9A-Fa-f.:]+)?\) ")
+RAY_PREFIX_BYTES_RE = re.compile(RAY_PREFIX.encode() + rb" ")
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,8 @@ def normalise(raw: str) -> list[LogLine]:
             match = RAY_PREFIX_RE.match(raw, pos)
             if not match:
                 break
-            name = match.group("name") or "pid"
+            label = match.group("label")
+            name = match.group("name") or (label.rsplit(" ", 1)[-1] if label else "pid")
             if source is None:
                 source = name
             else:
@@ -222,7 +230,7 @@ DIGITS_RE = re.compile(r"\d+")
 # what starts a log line (a wrapped piece starts so only by chance): a Ray prefix with a pid or a Ray daemon's,
 # a traceback header or frame, an ANSI escape (colours lead a Ray prefix)
 LOG_LINE_START = (
-    r"\x1b|\((?:[A-Za-z_][\w.\-]* )?pid=\d+|\((?:raylet|autoscaler|gcs_server|dashboard|monitor)\)|"
+    r"\x1b|\((?:[^()\s][^()]*? +)?pid=\d+|\((?:raylet|autoscaler|gcs_server|dashboard|monitor)[ ,)]|"
     r"Traceback \(most recent|  File \""
 )
 LOG_LINE_START_RE = re.compile(LOG_LINE_START.encode())
