@@ -39,9 +39,10 @@ EXTERNAL_PREFIX_RE = re.compile(
 # `, ip=A` for another node; the name is the actor's class, its repr, or `<actor name> <class>` (verl names its
 # colocated workers: `(wiQkzJWorkerDict_0:0 WorkerDict pid=N)`): the source is its last word. `(pid=N)`: a worker
 # still starting. Ray's daemons print none: `(raylet)`, `(autoscaler +1m2s)`; a bare `(Name)` is an author's
-# shortening. A wrapped piece or a traceback's `(pid=N, ip=A, actor_id=...)` has more after the ip: no prefix.
+# shortening. A traceback's `(pid=N, ip=A, actor_id=...)` has more after the ip: no prefix. The one-word form is
+# tried first (what nearly every prefixed line has: as fast as before).
 RAY_PREFIX = (
-    r"\((?:(?:(?P<label>[^()\s][^()]*?) +)?pid=\d+|(?P<name>[A-Za-z_][\w.\-]*)(?: \+\d[\dhms]*)?)"
+    r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+| \+\d[\dhms]*)?|(?:(?P<label>[^()\s][^()]*) )?pid=\d+)"
     r"(?:,\s*ip=[0-9A-Fa-f.:]+)?\)"
 )
 RAY_PREFIX_RE = re.compile(RAY_PREFIX + r"\s?")
