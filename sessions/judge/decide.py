@@ -250,6 +250,8 @@ def _result(ev: Evidence, event: _ErrorEvent, result: str, category: str, phase:
             hint = hint or H_DISK
     if phase == "launch" and ev.reached > PHASE_INDEX["launch"] and event.phase != "launch":
         phase = event.phase
+    if event.step > 0 and PHASE_INDEX[phase] < PHASE_INDEX["training"]:
+        phase = "training"  # after a training step the loop is training: a step's rollout or build does not go back
     return result, category, phase, hint
 
 
@@ -365,8 +367,6 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     limitations = list(ev.limitations)
     if ev.level == 0:
         limitations.append("Level 0 smoke: one PPO update proves the loop runs, not convergence")
-    if ev.input_note:
-        limitations.append(f"the input is not a text log ({ev.input_note} file): no verl output to judge")
     if ev.metrics_dropped:
         limitations.append(
             f"step metrics kept for the first {METRICS_HEAD_STEPS} and last {METRICS_TAIL_STEPS} steps only"
@@ -471,6 +471,8 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         limitations.append(f"{ev.events_dropped} further error lines after the first {MAX_EVENTS} not kept")
     if result == "Blocked":
         limitations.append("Blocked: not evidence against the Bridge provider")
+    if ev.input_note and "not a text log" not in (first_error or ""):  # said once: here, or in the first error
+        limitations.append(f"the input is not a text log ({ev.input_note} file): no verl output to judge")
     verdict.limitations = list(dict.fromkeys(limitations))
     verdict.follow_ups = [FOLLOW_UPS[category]] if result != "Pass" else ["none"]
     verdict.key_lines = _key_lines(key_lines, verdict)

@@ -55,6 +55,10 @@ OPTIONAL_MODULE_RE = re.compile(
 )
 TABLE = compiled()
 TRAINING = PHASE_INDEX["training"]
+MODEL_BUILT = PHASE_INDEX["model-built"]
+ROLLOUT_UP = PHASE_INDEX["rollout-up"]
+# a resume's checkpoint load: before the first step, its phase is the current activity, not progress past training
+CHECKPOINT_LOADS = frozenset(("resume", "resume-old", "resume-found", "resume-load"))
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
 LATE_KINDS_SET = frozenset(LATE_KINDS)
 THREAD_HEADER = "Exception in thread"  # a thread's uncaught exception follows (not the process's)
@@ -372,7 +376,7 @@ class Evidence:
                 self._fact(pattern, match, line)
             elif kind == "marker":
                 if pattern.phase:
-                    self._advance(pattern.phase)
+                    self._advance(pattern.phase, pattern.name in CHECKPOINT_LOADS)
                 else:  # Hydra's "Error executing job": the driver is failing (a cause when nothing else is shown)
                     self._driver_failure()
                     hydra = True
@@ -470,15 +474,21 @@ class Evidence:
         if not finite and (b"nan" in rest or b"inf" in rest):
             self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
 
-    def _advance(self, phase: str) -> None:
+    def _advance(self, phase: str, load: bool = False) -> None:
+        """The run is in `phase` now. `load`: a checkpoint load (resume), which before the first step proves the
+        models built, not a phase past training (an interrupted resume reads no later phase than its 0/N shows)."""
         index = PHASE_INDEX[phase]
         self.phase = phase
+        if load and self.max_step == 0 and index > MODEL_BUILT:
+            index = max(MODEL_BUILT, min(self.reached, index))
         if index > self.reached:
             self.reached = index
 
     def _step(self, step: int, rest: str | bytes, text: str | bytes) -> None:
         """A `step:N - k:v ...` metrics line. `rest`/`text` are bytes on the fast path (decoded only if kept)."""
         if step == 0:  # validation before training: metrics only
+            if self.max_step == 0 and self.reached < ROLLOUT_UP:
+                self._advance("rollout-up")  # it generated with the rollout: the models were built, the rollout up
             self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
             self.key_lines.setdefault("validation", _shorten(_text(text), 240))
             return
@@ -515,7 +525,7 @@ class Evidence:
     def _fact(self, pattern: Pattern, match: re.Match[str], line: LogLine) -> None:
         fact, text = pattern.fact, line.text
         if pattern.phase:
-            self._advance(pattern.phase)
+            self._advance(pattern.phase, pattern.name in CHECKPOINT_LOADS)
         if fact == "vanilla":
             value = match.group(1).strip("'\"").capitalize()
             if value in ("True", "False"):

@@ -266,7 +266,8 @@ PATTERNS: tuple[Pattern, ...] = (
        limitation="gradient_accumulation_fusion=False overrides (Apex fused kernel not used)",
        covered_by="gradient_accumulation_fusion"),
     _p("lim-fused-attention", "attention_backend=fused", r"attention_backend=fused", "limitation",
-       limitation="attention_backend=fused override (Transformer Engine fused attention, not flash-attn)",
+       limitation="attention_backend=fused override (Transformer Engine fused attention): flash-attn path not "
+                  "exercised",
        covered_by="attention_backend"),
     _p("lim-dummy", "USE_DUMMY_MODEL=", r"^\++\s+(?:export\s+)?USE_DUMMY_MODEL=True", "limitation",
        limitation="dummy model: validates construction and mechanics, not pretrained-weight compatibility",

@@ -179,7 +179,7 @@ def format_verdict(verdict: Verdict) -> str:
 def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any = None, as_json: bool = False,
                   bridge_repo: Any = None) -> int:
     """`invoke judge`: print the verdict of LOG; exit 0 Pass, 1 Fail, 3 Blocked (the run's answer, or the level's with
-    --level), 2 bad invocation/unreadable log."""
+    --level), 2 bad invocation/unreadable log or no text log (a binary file; an empty log is a run's: Fail)."""
     try:
         level_n, steps_n, exit_n = (
             _coerce_int(level, "level"), _coerce_int(steps, "steps"), _coerce_int(exit_code, "exit-code")
@@ -192,6 +192,9 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
             raise ValueError(f"log file not found: {log}")
         if not os.path.isfile(log):  # /dev/null, a folder, a fifo: nothing a run wrote
             raise ValueError(f"--log {log} is not a regular file")
+        if sniff(log) == "binary":  # an executable, random bytes: nothing a run wrote either (an empty log is one)
+            raise ValueError(f"--log {log} is not a text log (binary: an executable, random or NUL bytes): pass the "
+                             "log file the run wrote")
         # the level's Bridge criterion needs the checkout the run was meant to import (--bridge-repo, BRIDGE_REPO)
         bridge = bridge_repo or os.environ.get("BRIDGE_REPO")
         bridge_src = str(Path(bridge).expanduser().absolute() / "src") if bridge and level_n is not None else None
