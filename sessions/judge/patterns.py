@@ -448,6 +448,12 @@ PATTERNS: tuple[Pattern, ...] = (
        category="nan-metrics", result="fail"),
     _p("unexpected-nan", "Unexpected result", r"Unexpected result (?:nan|inf)", "error", category="nan-metrics",
        result="fail", covered_by="rror"),
+    # vLLM's model registry cannot load the architecture for the rollout (its own message, whatever the model)
+    _p("vllm-architecture", "Model architectures", r"Model architectures \[[^\]]*\] (?:failed to be inspected|are "
+       r"not supported)", "error", category="rollout", result="fail", covered_by="rror",
+       hint="vLLM could not inspect or does not support the model's architecture while building the rollout: check "
+            "the vLLM version against the model type (and vLLM's own log above for an import error in its "
+            "inspection subprocess); a rollout-engine problem, not the Bridge provider."),
     _p("vllm-engine", "Engine", r"EngineCore failed to start|Engine core initialization failed|"
        r"(?:AsyncEngineDead|EngineDead|EngineGenerate)Error", "error", category="rollout", result="fail",
        covered_by="rror"),
