@@ -94,3 +94,12 @@ def test_the_traced_command_of_a_wrapped_paste_is_one_line_again(tmp_path):
     path.write_text(hard_wrap(command + "\n+ echo done\n" + "Error executing job " + "e" * 150 + "\n", 80))
     with open_log_text(path) as f:
         assert f.readline().rstrip("\n") == command
+
+
+def test_a_crlf_paste_is_joined_without_its_line_ends(tmp_path):
+    text = "(TaskRunner pid=1) step:1 - training/global_step:1 - actor/pg_loss:0.5 - " + "x/y:1 - " * 30 + "z:2"
+    error = "RuntimeError: " + "boom " * 40
+    path = tmp_path / "crlf.log"
+    path.write_bytes((hard_wrap(text + "\n" + error, 80).replace("\n", "\r\n") + "\r\n").encode())
+    joined = _read(path.read_bytes(), 80).split(b"\r\n")
+    assert joined[0] == text.encode() and joined[1] == error.encode()

@@ -284,6 +284,8 @@ class HardWrapJoiner:
         out = []
         if self.pending is not None:
             if LOG_LINE_START_RE.match(line) is None:  # a piece: it goes on the line before
+                if self.pending.endswith(b"\r"):  # a CRLF paste: the piece's line end is no tqdm redraw
+                    self.pending = self.pending[:-1]
                 self.pending += line
                 if _columns(line) != self.width:
                     out.append(self.pending)
