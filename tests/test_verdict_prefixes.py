@@ -32,6 +32,12 @@ from tests.conftest import real_logs
     ("[36m(FullyAsyncTrainer pid=33)[0m x", "FullyAsyncTrainer", None),
     ("(FullyAsyncTaskRunner) x", "FullyAsyncTaskRunner", None),  # shortened by a log's author
     ("(my_remote_fn pid=77) x", "my_remote_fn", None),  # a task: its function name
+    ("(ServeReplica:app:Model pid=5) x", "ServeReplica:app:Model", None),
+    # vLLM's own multiprocess prefix, relayed by a Ray actor, bold-coloured (its residue after a paste)
+    ("(VllmWorker rank=0 pid=8493) INFO x", "VllmWorker", None),
+    ("(vLLMHttpServer pid=5) (VllmWorker rank=1 pid=219) INFO x", "vLLMHttpServer", "VllmWorker"),
+    ("[1;36m(VllmWorker rank=1 pid=219)[0;0m INFO x", "VllmWorker", None),
+    ("\x1b[1;36m(VllmWorker rank=1 pid=219)\x1b[0;0m INFO x", "VllmWorker", None),
 ])
 def test_every_ray_prefix_form_is_stripped_and_names_its_source(line, source, inner):
     (got,) = normalise(line)

@@ -46,7 +46,8 @@ RAY_PREFIX = (
     r"(?:,\s*ip=[0-9A-Fa-f.:]+)?\)"
 )
 RAY_PREFIX_RE = re.compile(RAY_PREFIX + r"\s?")
-ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:3\d|39|0)m")
+# vLLM colours its own prefix bold (`[1;36m(VllmWorker rank=0 pid=N)[0;0m`): the residue has a `1;` / `0;` too
+ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:[01];)?(?:3\d|39|0)m")
 ANSI_BYTES_RE = re.compile(ANSI_RE.pattern.encode())
 ANSI_RESIDUE_BYTES_RE = re.compile(ANSI_RESIDUE_RE.pattern.encode())
 RANK_PREFIX_RE = re.compile(r"^\[[Rr]ank\d+\]:\s?")
@@ -64,11 +65,19 @@ class LogLine:
     inner: str | None = None  # innermost nested Ray prefix name (vLLM's EngineCore/Worker), when nested
 
 
+def _label_source(label: str | None) -> str:
+    """The source a several-word prefix names: its last word that is no `key=value` (`wiQkzJWorkerDict_0:0
+    WorkerDict` -> WorkerDict; vLLM's `VllmWorker rank=0` -> VllmWorker); `(pid=N)` alone: "pid"."""
+    if not label:
+        return "pid"
+    return next((word for word in reversed(label.split()) if "=" not in word), label)
+
+
 def normalise(raw: str) -> list[LogLine]:
     """One physical line -> its logical lines (see module docstring). Our own header lines give none."""
     if "\x1b" in raw:
         raw = ANSI_RE.sub("", raw)
-    if "[3" in raw or "[0m" in raw:  # a paste that lost the ESC byte keeps "[36m" or "^[[36m"
+    if "[3" in raw or "[0m" in raw or "[1;3" in raw or "[0;0m" in raw:  # a paste that lost the ESC byte: "[36m"
         raw = ANSI_RESIDUE_RE.sub("", raw)
     raw = raw.rstrip("\n")
     for _ in range(2):  # a timestamped capture of an already timestamped log has two
@@ -85,8 +94,7 @@ def normalise(raw: str) -> list[LogLine]:
             match = RAY_PREFIX_RE.match(raw, pos)
             if not match:
                 break
-            label = match.group("label")
-            name = match.group("name") or (label.rsplit(" ", 1)[-1] if label else "pid")
+            name = match.group("name") or _label_source(match.group("label"))
             if source is None:
                 source = name
             else:
