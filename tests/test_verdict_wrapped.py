@@ -103,3 +103,15 @@ def test_a_crlf_paste_is_joined_without_its_line_ends(tmp_path):
     path.write_bytes((hard_wrap(text + "\n" + error, 80).replace("\n", "\r\n") + "\r\n").encode())
     joined = _read(path.read_bytes(), 80).split(b"\r\n")
     assert joined[0] == text.encode() and joined[1] == error.encode()
+
+
+def test_an_unwrapped_excerpt_that_looks_wrapped_keeps_its_exception_line(tmp_path):
+    """Two different longest lines of one length, each followed by a line that starts no Ray line: the head looks
+    wrapped; the exception line still starts a line of its own (it is never joined onto the frame before it)."""
+    lines = ["Traceback (most recent call last):", '  File "/a/b/module.py", line 10, in forward_aaa', "    x = y",
+             '  File "/a/b/module.py", line 20, in forward_bbb', "ValueError: boom in the model"]
+    path = tmp_path / "excerpt.log"
+    path.write_text("\n".join(lines) + "\n")
+    assert hard_wrap_width(path.read_bytes(), True) == len(lines[1])
+    verdict = judge_log(path)
+    assert verdict.first_error == "ValueError: boom in the model", verdict.first_error

@@ -240,7 +240,7 @@ DIGITS_RE = re.compile(r"\d+")
 # a traceback header or frame, an ANSI escape (colours lead a Ray prefix)
 LOG_LINE_START = (
     r"\x1b|\((?:[^()\s][^()]*? +)?pid=\d+|\((?:raylet|autoscaler|gcs_server|dashboard|monitor)[ ,)]|"
-    r"Traceback \(most recent|  File \""
+    r"Traceback \(most recent|  File \"|(?:[a-z_]+\.)*[A-Z]\w*(?:Error|Exception)(?:\(\w+\))?: "
 )
 LOG_LINE_START_RE = re.compile(LOG_LINE_START.encode())
 LOG_LINE_START_TEXT_RE = re.compile(LOG_LINE_START)
