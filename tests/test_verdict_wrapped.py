@@ -11,7 +11,14 @@ import random
 import pytest
 
 from sessions.judge import logstream
-from sessions.judge.logstream import HardWrapJoined, hard_wrap_width, join_hard_wrapped, open_log_text
+from sessions.judge.logstream import (
+    WIDE_RE,
+    HardWrapJoined,
+    _text_columns,
+    hard_wrap_width,
+    join_hard_wrapped,
+    open_log_text,
+)
 from sessions.judge.verdict import judge_log
 from tests.conftest import real_logs
 
@@ -21,10 +28,19 @@ EXCEPTIONS: dict[tuple[str, int], str] = {}
 
 
 def hard_wrap(text: str, width: int) -> str:
-    """Every line longer than `width` characters broken into pieces of `width` (the last one shorter)."""
+    """Every line wider than `width` terminal columns broken into pieces of `width` columns, as a terminal wraps it
+    (a wide CJK character takes two columns and moves whole to the next row when one column is left)."""
     out = []
     for line in text.split("\n"):
-        out.extend([line[i:i + width] for i in range(0, len(line), width)] if len(line) > width else [line])
+        piece, used = [], 0
+        for char in line:
+            cols = 2 if WIDE_RE.match(char) else 1
+            if used + cols > width:
+                out.append("".join(piece))
+                piece, used = [], 0
+            piece.append(char)
+            used += cols
+        out.append("".join(piece))
     return "\n".join(out)
 
 
@@ -63,8 +79,9 @@ def test_the_joined_reader_gives_back_the_lines_before_the_paste(monkeypatch, bl
         for _ in range(rng.randint(1, 25)):
             n = rng.choice([0, 5, 30, 79, 81, 150, 239, 401])
             prefix = rng.choice(["(TaskRunner pid=12) ", "", "  File \"x.py\", line 3, in f ", "\x1b[36m(raylet)\x1b[0m "])
-            lines.append(prefix + "".join(rng.choice("abc é:-_/") for _ in range(n)))
-        lines = [line for line in lines if len(line) % 80]
+            lines.append(prefix + "".join(rng.choice("abc é:-_/中文") for _ in range(n)))
+        # a last piece of 80 columns (or 79, then a wide character) is what a wrap cannot tell from a piece
+        lines = [line for line in lines if _text_columns(hard_wrap(line, 80).split("\n")[-1]) not in (79, 80)]
         text = "\n".join(lines) + rng.choice(["", "\n"])
         assert _read(hard_wrap(text, 80).encode(), 80) == text.encode()
 

@@ -246,11 +246,21 @@ LOG_LINE_START_RE = re.compile(LOG_LINE_START.encode())
 LOG_LINE_START_TEXT_RE = re.compile(LOG_LINE_START)
 
 
+# East Asian wide and fullwidth characters: two terminal columns each (CJK, Hangul, fullwidth forms)
+WIDE_RE = re.compile("[\u1100-\u115f\u2e80-\u303e\u3041-\u33ff\u3400-\u4dbf\u4e00-\u9fff\ua000-\ua4cf"
+                     "\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6\U00020000-\U0003fffd]")
+
+
+def _text_columns(text: str) -> int:
+    """Terminal columns of a text line (what a paste wraps by): a wide character takes two."""
+    return len(text) if text.isascii() else len(text) + len(WIDE_RE.findall(text))
+
+
 def _columns(line: bytes) -> int:
-    """Characters of a UTF-8 line (what a paste wraps by), without a trailing \r."""
+    """Terminal columns of a UTF-8 line, without a trailing \r."""
     if line.endswith(b"\r"):
         line = line[:-1]
-    return len(line) if line.isascii() else len(line.decode("utf-8", "replace"))
+    return len(line) if line.isascii() else _text_columns(line.decode("utf-8", "replace"))
 
 
 def hard_wrap_width(head: bytes, whole: bool) -> int | None:
@@ -264,7 +274,7 @@ def hard_wrap_width(head: bytes, whole: bool) -> int | None:
         return None
     if ("\r" if isinstance(text, str) else b"\r") in text:
         lines = [line.rstrip("\r" if isinstance(line, str) else b"\r") for line in lines]
-    lengths = list(map(len, lines))
+    lengths = list(map(len if isinstance(text, bytes) else _text_columns, lines))
     width = max(lengths)
     if width < WRAP_MIN_WIDTH or lengths.count(width) < WRAP_MIN_PIECES:
         return None
@@ -281,27 +291,36 @@ def hard_wrap_width(head: bytes, whole: bool) -> int | None:
 
 class HardWrapJoiner:
     """Joins the pieces of hard-wrapped lines, one physical line (bytes, no newline) at a time: a line exactly
-    `width` columns long goes on in the next line unless that one starts a log line (LOG_LINE_START_RE)."""
+    `width` columns long goes on in the next line unless that one starts a log line (LOG_LINE_START_RE); a line one
+    column short goes on only in a line that starts with a wide character (the terminal moved it whole)."""
 
     def __init__(self, width: int):
         self.width = width
-        self.pending: bytes | None = None  # a line whose last piece is exactly `width` long: it may go on
+        self.pending: bytes | None = None  # a line whose last piece is (about) `width` long: it may go on
+        self.short = False  # that piece is one column short: only a wide first character goes on it
+
+    def _hold(self, line: bytes) -> bool:
+        columns = _columns(line)
+        self.short = columns == self.width - 1
+        return columns == self.width or self.short
 
     def push(self, line: bytes) -> list[bytes]:
         """The lines this one completes (none while it may go on)."""
         out = []
         if self.pending is not None:
-            if LOG_LINE_START_RE.match(line) is None:  # a piece: it goes on the line before
+            goes_on = LOG_LINE_START_RE.match(line) is None and (
+                not self.short or (not line[:1].isascii() and WIDE_RE.match(line[:4].decode("utf-8", "ignore"))))
+            if goes_on:  # a piece: it goes on the line before
                 if self.pending.endswith(b"\r"):  # a CRLF paste: the piece's line end is no tqdm redraw
                     self.pending = self.pending[:-1]
                 self.pending += line
-                if _columns(line) != self.width:
+                if not self._hold(line):
                     out.append(self.pending)
                     self.pending = None
                 return out
             out.append(self.pending)
             self.pending = None
-        if _columns(line) == self.width:
+        if self._hold(line):
             self.pending = line
         else:
             out.append(line)
