@@ -226,10 +226,12 @@ class ScanStats:
 # -- hard-wrapped pastes ------------------------------------------------------------------------------------------
 # A log pasted from a terminal (or `fold`) breaks every line longer than the window's width W into pieces of W
 # columns: an error token can be cut in two (`Trace` / `back`) and the pieces lose the Ray prefix. Such a file shows
-# it in its head: no line longer than W, and several different lines exactly W long (pieces; lines that differ
-# only in their numbers are one line printed by every rank). Its reader then joins a line exactly W long with the next one unless that one starts a log
-# line of its own (a Ray prefix, a traceback's first lines, an ANSI colour): the file is read as it was before the
-# paste, and nothing changes for any other file (one look at its head).
+# it in its head: no line longer than W, several different lines exactly W long (lines that differ only in their
+# numbers are one line printed by every rank), most of them going on in a line that starts no log line. Its reader
+# then joins a line exactly W long with the next one unless that one starts a log line of its own (a Ray prefix, a
+# traceback's first lines, an exception line, an ANSI colour): the file is read as it was before the paste. Nothing
+# changes for any other file (one look at its head); a wrapped file is joined line by line in Python (pastes are
+# small). A line that was exactly W (or k*W) columns long before the paste cannot be told from a piece.
 WRAP_SNIFF_BYTES = 1 << 16
 WRAP_MIN_WIDTH = 40
 WRAP_MIN_PIECES = 2  # distinct lines exactly W long
