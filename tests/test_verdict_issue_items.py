@@ -107,3 +107,20 @@ def test_judge_of_an_empty_log_is_a_fail_that_says_so_in_one_line(tmp_path, caps
     assert (verdict.result, verdict.category) == ("Fail", "unknown")
     assert verdict.first_error.count("not a text log") == 1
     assert not any("not a text log" in item for item in verdict.limitations)  # said once, not twice
+
+
+def test_a_real_log_with_a_few_nul_bytes_is_a_text_log(tmp_path, capsys):
+    """68 holds two NUL bytes a worker printed: judged (Pass), not refused, and no 'not a text log' note."""
+    path = real_logs() / "68_pass_fsdp_ppo_benign_worker_traceback_then_steps0_18.log"
+    assert b"\x00" in path.read_bytes()
+    verdict = judge_log(path)
+    assert verdict.result == "Pass" and not any("not a text log" in item for item in verdict.limitations)
+    assert judge_command(str(path)) == 0
+    assert "error:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("magic", [b"\x7fELF", b"\xcf\xfa\xed\xfe", b"MZ", b"PK\x03\x04", b"\x1f\x8b"])
+def test_an_executable_or_archive_is_refused_whatever_text_it_holds(tmp_path, magic):
+    path = tmp_path / "a.bin"
+    path.write_bytes(magic + b"\x00\x01" + b"RuntimeError: boom\n" * 50)
+    assert judge_command(str(path)) == 2

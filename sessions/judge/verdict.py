@@ -73,13 +73,19 @@ def scan_matcher() -> NeedleMatcher:
     return _MATCHER
 
 
+# executables and archives (ELF, Mach-O, PE, zip, gzip): no log starts so
+BINARY_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ", b"PK\x03\x04",
+                 b"\x1f\x8b")
+
+
 def sniff(path: str | os.PathLike[str]) -> str | None:
-    """"empty" / "binary" when the file is no text log (an ELF, random bytes, NULs), else None."""
+    """"empty" / "binary" when the file is no text log (an executable, random bytes, mostly NULs), else None. A few
+    NUL or control bytes do not make a log binary (a real verl log holds two NULs a crashing worker printed)."""
     with open(path, "rb") as handle:
         head = handle.read(SNIFF_BYTES)
     if not head.strip():
         return "empty"
-    if head.startswith(b"\x7fELF") or b"\x00" in head:
+    if head.startswith(BINARY_MAGICS):
         return "binary"
     text = head.decode("utf-8", "replace")
     bad = text.count("\ufffd") + sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\x1b\x0c\x08")
