@@ -52,6 +52,9 @@ RAY_DAEMONS = ("raylet", "autoscaler", "gcs_server", "dashboard", "monitor")  # 
 CREATION_RE = re.compile(r"error raised in its creation task|Exception raised in creation task")
 LOGGED_FILE_RE = re.compile(r"[\[(\s\"](/[^\s\]\")]+\.py)\b")
 LORA_RE = re.compile(r"(?i)lora|peft|adapter|target_module")
+# the key Hydra / omegaconf rejected: `Could not override 'a.b.c'.` (full key), `Key 'c' is not in struct` (leaf)
+REJECTED_KEY_RE = re.compile(r"Could not override '([^']+)'|Key '([^']+)' is not in struct")
+HYDRA_REJECTIONS = ("hydra-override", "hydra-struct")
 # environment categories: Blocked before the provider ran, Fail (with the same hint) after training steps
 ENV_CATEGORIES = ("env-ray-import", "env-visible-devices", "env-no-gpu", "env-disk", "env-dependency", "data",
                   "reward-model", "config", "wrong-bridge")
@@ -100,6 +103,19 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     other = [e for e in real if e.pattern is not None] or [e for e in real if e.log_error]
     return other[0] if other else None
 
+
+
+def _script_passed_rejected_key(ev: Evidence, event: _ErrorEvent) -> bool:
+    """Whether the key Hydra rejected is one the traced script command passed (`+ python3 -m verl... key=v`): the
+    script was written for another verl release than the one installed (SPEC: wrapper and verl from different
+    releases) - a dependency mismatch, not a key the user mistyped (no trace: `config`)."""
+    found = REJECTED_KEY_RE.search(event.text)
+    if not found or not ev.traced_command:
+        return False
+    key = found.group(1) or found.group(2)
+    if found.group(1):  # the full key, maybe with Hydra's +/++ in the command
+        return re.search(r"(?:^|[\s'\"])\+{0,2}" + re.escape(key) + "=", ev.traced_command) is not None
+    return re.search(r"[\s'\".+]" + re.escape(key) + "=", ev.traced_command) is not None
 
 
 def _logged_only(event: _ErrorEvent) -> bool:
@@ -172,6 +188,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         if pattern.category == "data" and area == "reward":  # the model files missing are the reward model's
             found["decided_by"] = "message and method"
             return _result(ev, event, result, "reward-model", phase, None)
+        if pattern.name in HYDRA_REJECTIONS and _script_passed_rejected_key(ev, event):
+            found["decided_by"] = "message and traced command"
+            return _result(ev, event, result, "env-dependency", phase, pattern.hint)
         return _result(ev, event, result, pattern.category, phase, pattern.hint)
     wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES]
     if wrapped and wrapped[-1] != "env-ray-import":
@@ -231,6 +250,8 @@ def _result(ev: Evidence, event: _ErrorEvent, result: str, category: str, phase:
             hint = hint or H_DISK
     if phase == "launch" and ev.reached > PHASE_INDEX["launch"] and event.phase != "launch":
         phase = event.phase
+    if event.step > 0 and PHASE_INDEX[phase] < PHASE_INDEX["training"]:
+        phase = "training"  # after a training step the loop is training: a step's rollout or build does not go back
     return result, category, phase, hint
 
 
@@ -346,8 +367,6 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     limitations = list(ev.limitations)
     if ev.level == 0:
         limitations.append("Level 0 smoke: one PPO update proves the loop runs, not convergence")
-    if ev.input_note:
-        limitations.append(f"the input is not a text log ({ev.input_note} file): no verl output to judge")
     if ev.metrics_dropped:
         limitations.append(
             f"step metrics kept for the first {METRICS_HEAD_STEPS} and last {METRICS_TAIL_STEPS} steps only"
@@ -452,6 +471,8 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         limitations.append(f"{ev.events_dropped} further error lines after the first {MAX_EVENTS} not kept")
     if result == "Blocked":
         limitations.append("Blocked: not evidence against the Bridge provider")
+    if ev.input_note and "not a text log" not in (first_error or ""):  # said once: here, or in the first error
+        limitations.append(f"the input is not a text log ({ev.input_note} file): no verl output to judge")
     verdict.limitations = list(dict.fromkeys(limitations))
     verdict.follow_ups = [FOLLOW_UPS[category]] if result != "Pass" else ["none"]
     verdict.key_lines = _key_lines(key_lines, verdict)

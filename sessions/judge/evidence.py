@@ -38,6 +38,7 @@ METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
 MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat on giant lines)
+MAX_TRACED_COMMAND = 1 << 16  # the wrapper's traced verl command kept (its overrides: which keys a script passed)
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
@@ -54,6 +55,10 @@ OPTIONAL_MODULE_RE = re.compile(
 )
 TABLE = compiled()
 TRAINING = PHASE_INDEX["training"]
+MODEL_BUILT = PHASE_INDEX["model-built"]
+ROLLOUT_UP = PHASE_INDEX["rollout-up"]
+# a resume's checkpoint load: before the first step, its phase is the current activity, not progress past training
+CHECKPOINT_LOADS = frozenset(("resume", "resume-old", "resume-found", "resume-load"))
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
 LATE_KINDS_SET = frozenset(LATE_KINDS)
 THREAD_HEADER = "Exception in thread"  # a thread's uncaught exception follows (not the process's)
@@ -212,6 +217,7 @@ class Evidence:
         self.frames_seen = 0  # traceback frame lines
         self.fit_seen = False  # a frame in the trainer's fit() since the last progress (TaskRunner.run() trains)
         self.progress_count = 0  # times training went on (_progressed): a reader that skips lines watches it
+        self.traced_command: str | None = None  # a script's `set -x` line starting verl (`+ python3 -m verl.x ...`)
 
     # -- state copies (skim.py skips lines speculatively and goes back when it must) -------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -370,7 +376,7 @@ class Evidence:
                 self._fact(pattern, match, line)
             elif kind == "marker":
                 if pattern.phase:
-                    self._advance(pattern.phase)
+                    self._advance(pattern.phase, pattern.name in CHECKPOINT_LOADS)
                 else:  # Hydra's "Error executing job": the driver is failing (a cause when nothing else is shown)
                     self._driver_failure()
                     hydra = True
@@ -468,15 +474,21 @@ class Evidence:
         if not finite and (b"nan" in rest or b"inf" in rest):
             self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
 
-    def _advance(self, phase: str) -> None:
+    def _advance(self, phase: str, load: bool = False) -> None:
+        """The run is in `phase` now. `load`: a checkpoint load (resume), which before the first step proves the
+        models built, not a phase past training (an interrupted resume reads no later phase than its 0/N shows)."""
         index = PHASE_INDEX[phase]
         self.phase = phase
+        if load and self.max_step == 0 and index > MODEL_BUILT:
+            index = max(MODEL_BUILT, min(self.reached, index))
         if index > self.reached:
             self.reached = index
 
     def _step(self, step: int, rest: str | bytes, text: str | bytes) -> None:
         """A `step:N - k:v ...` metrics line. `rest`/`text` are bytes on the fast path (decoded only if kept)."""
         if step == 0:  # validation before training: metrics only
+            if self.max_step == 0 and self.reached < ROLLOUT_UP:
+                self._advance("rollout-up")  # it generated with the rollout: the models were built, the rollout up
             self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
             self.key_lines.setdefault("validation", _shorten(_text(text), 240))
             return
@@ -513,7 +525,7 @@ class Evidence:
     def _fact(self, pattern: Pattern, match: re.Match[str], line: LogLine) -> None:
         fact, text = pattern.fact, line.text
         if pattern.phase:
-            self._advance(pattern.phase)
+            self._advance(pattern.phase, pattern.name in CHECKPOINT_LOADS)
         if fact == "vanilla":
             value = match.group(1).strip("'\"").capitalize()
             if value in ("True", "False"):
@@ -549,6 +561,8 @@ class Evidence:
                 self.exit_code = int(match.group(1))
                 self.termination = self.termination or match.group(2)
                 self.key_lines["tool_exit"] = _shorten(text, 200)
+        elif fact == "traced_command":  # a script's set -x of the verl command it runs: the overrides it passed
+            self.traced_command = text[:MAX_TRACED_COMMAND]
         elif fact == "save_done":
             self.key_lines["checkpoint_done"] = _shorten(text, 240)
         elif fact == "resume":

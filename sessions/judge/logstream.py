@@ -13,9 +13,11 @@ Pasted logs wrap long `step:N - ...` lines; both readers join the wrapped contin
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 
 from env.settings import TOOL_PREFIX
@@ -33,10 +35,19 @@ EXTERNAL_PREFIX_RE = re.compile(
     r"(?:\[?\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?\]?\s+)?"
     r"(?:\d{1,5}: )?"
 )
-RAY_PREFIX_RE = re.compile(
-    r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
+# Ray's prefix of a worker's line (ray/_private/worker.py print_worker_logs): `(<actor or task name> pid=N)`, with
+# `, ip=A` for another node; the name is the actor's class, its repr, or `<actor name> <class>` (verl names its
+# colocated workers: `(wiQkzJWorkerDict_0:0 WorkerDict pid=N)`): the source is its last word. `(pid=N)`: a worker
+# still starting. Ray's daemons print none: `(raylet)`, `(autoscaler +1m2s)`; a bare `(Name)` is an author's
+# shortening. A traceback's `(pid=N, ip=A, actor_id=...)` has more after the ip: no prefix. The one-word form is
+# tried first (what nearly every prefixed line has: as fast as before).
+RAY_PREFIX = (
+    r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+| \+\d[\dhms]*)?|(?:(?P<label>[^()\s][^()]*) )?pid=\d+)"
+    r"(?:,\s*ip=[0-9A-Fa-f.:]+)?\)"
 )
-ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:3\d|39|0)m")
+RAY_PREFIX_RE = re.compile(RAY_PREFIX + r"\s?")
+# vLLM colours its own prefix bold (`[1;36m(VllmWorker rank=0 pid=N)[0;0m`): the residue has a `1;` / `0;` too
+ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:[01];)?(?:3\d|39|0)m")
 ANSI_BYTES_RE = re.compile(ANSI_RE.pattern.encode())
 ANSI_RESIDUE_BYTES_RE = re.compile(ANSI_RESIDUE_RE.pattern.encode())
 RANK_PREFIX_RE = re.compile(r"^\[[Rr]ank\d+\]:\s?")
@@ -44,7 +55,7 @@ REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
 # A wrapped continuation of a metrics line: fragments of `key:value` joined by ` - `, nothing else.
 CONTINUATION_BYTES_RE = re.compile(rb"^ ?(?:- )?[\w./@%()+\-:]*(?: - [\w./@%()+\-:]*)*(?: -)? ?$")
-RAY_PREFIX_BYTES_RE = re.compile(rb"\((?:[A-Za-z_][\w.\-]*(?: pid=\d+)?|pid=\d+)(?:, ip=[0-9A-Fa-f.:]+)?\) ")
+RAY_PREFIX_BYTES_RE = re.compile(RAY_PREFIX.encode() + rb" ")
 
 
 @dataclass(frozen=True)
@@ -54,11 +65,19 @@ class LogLine:
     inner: str | None = None  # innermost nested Ray prefix name (vLLM's EngineCore/Worker), when nested
 
 
+def _label_source(label: str | None) -> str:
+    """The source a several-word prefix names: its last word that is no `key=value` (`wiQkzJWorkerDict_0:0
+    WorkerDict` -> WorkerDict; vLLM's `VllmWorker rank=0` -> VllmWorker); `(pid=N)` alone: "pid"."""
+    if not label:
+        return "pid"
+    return next((word for word in reversed(label.split()) if "=" not in word), label)
+
+
 def normalise(raw: str) -> list[LogLine]:
     """One physical line -> its logical lines (see module docstring). Our own header lines give none."""
     if "\x1b" in raw:
         raw = ANSI_RE.sub("", raw)
-    if "[3" in raw or "[0m" in raw:  # a paste that lost the ESC byte keeps "[36m" or "^[[36m"
+    if "[3" in raw or "[0m" in raw or "[1;3" in raw or "[0;0m" in raw:  # a paste that lost the ESC byte: "[36m"
         raw = ANSI_RESIDUE_RE.sub("", raw)
     raw = raw.rstrip("\n")
     for _ in range(2):  # a timestamped capture of an already timestamped log has two
@@ -75,7 +94,7 @@ def normalise(raw: str) -> list[LogLine]:
             match = RAY_PREFIX_RE.match(raw, pos)
             if not match:
                 break
-            name = match.group("name") or "pid"
+            name = match.group("name") or _label_source(match.group("label"))
             if source is None:
                 source = name
             else:
@@ -204,10 +223,186 @@ class ScanStats:
     lines_yielded: int = 0
 
 
+# -- hard-wrapped pastes ------------------------------------------------------------------------------------------
+# A log pasted from a terminal (or `fold`) breaks every line longer than the window's width W into pieces of W
+# columns: an error token can be cut in two (`Trace` / `back`) and the pieces lose the Ray prefix. Such a file shows
+# it in its head: no line longer than W, several different lines exactly W long (lines that differ only in their
+# numbers are one line printed by every rank), most of them going on in a line that starts no log line. Its reader
+# then joins a line exactly W long with the next one unless that one starts a log line of its own (a Ray prefix, a
+# traceback's first lines, an exception line, an ANSI colour): the file is read as it was before the paste. Nothing
+# changes for any other file (one look at its head); a wrapped file is joined line by line in Python (pastes are
+# small). A line that was exactly W (or k*W) columns long before the paste cannot be told from a piece.
+WRAP_SNIFF_BYTES = 1 << 16
+WRAP_MIN_WIDTH = 40
+WRAP_MIN_PIECES = 2  # distinct lines exactly W long
+WRAP_BLOCK = 1 << 20
+DIGITS_BYTES_RE = re.compile(rb"\d+")
+DIGITS_RE = re.compile(r"\d+")
+# what starts a log line (a wrapped piece starts so only by chance): a Ray prefix with a pid or a Ray daemon's,
+# a traceback header or frame, an ANSI escape (colours lead a Ray prefix)
+LOG_LINE_START = (
+    r"\x1b|\((?:[^()\s][^()]*? +)?pid=\d+|\((?:raylet|autoscaler|gcs_server|dashboard|monitor)[ ,)]|"
+    r"Traceback \(most recent|  File \"|(?:[a-z_]+\.)*[A-Z]\w*(?:Error|Exception)(?:\(\w+\))?: "
+)
+LOG_LINE_START_RE = re.compile(LOG_LINE_START.encode())
+LOG_LINE_START_TEXT_RE = re.compile(LOG_LINE_START)
+
+
+# East Asian wide and fullwidth characters: two terminal columns each (CJK, Hangul, fullwidth forms)
+WIDE_RE = re.compile("[\u1100-\u115f\u2e80-\u303e\u3041-\u33ff\u3400-\u4dbf\u4e00-\u9fff\ua000-\ua4cf"
+                     "\uac00-\ud7a3\uf900-\ufaff\ufe30-\ufe4f\uff00-\uff60\uffe0-\uffe6\U00020000-\U0003fffd]")
+
+
+def _text_columns(text: str) -> int:
+    """Terminal columns of a text line (what a paste wraps by): a wide character takes two."""
+    return len(text) if text.isascii() else len(text) + len(WIDE_RE.findall(text))
+
+
+def _columns(line: bytes) -> int:
+    """Terminal columns of a UTF-8 line, without a trailing \r."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    return len(line) if line.isascii() else _text_columns(line.decode("utf-8", "replace"))
+
+
+def hard_wrap_width(head: bytes, whole: bool) -> int | None:
+    """The width W a paste hard-wrapped this file's lines at, from its head (`whole`: the head is the whole file,
+    its last line complete), or None: no sign of a wrap. C-level work only for a file that shows none."""
+    text: bytes | str = head if head.isascii() else head.decode("utf-8", "replace")
+    lines = text.split(b"\n" if isinstance(text, bytes) else "\n")
+    if not whole or not lines[-1]:
+        lines.pop()  # a partial last line (or the empty rest after the last newline)
+    if len(lines) < 2:
+        return None
+    if ("\r" if isinstance(text, str) else b"\r") in text:
+        lines = [line.rstrip("\r" if isinstance(line, str) else b"\r") for line in lines]
+    lengths = list(map(len if isinstance(text, bytes) else _text_columns, lines))
+    width = max(lengths)
+    if width < WRAP_MIN_WIDTH or lengths.count(width) < WRAP_MIN_PIECES:
+        return None
+    # pieces of different lines; lines that differ only in numbers (every rank printing one message) are one
+    digits = DIGITS_BYTES_RE if isinstance(text, bytes) else DIGITS_RE
+    zero = b"0" if isinstance(text, bytes) else "0"
+    starts = LOG_LINE_START_RE if isinstance(text, bytes) else LOG_LINE_START_TEXT_RE
+    at_width = [i for i, n in enumerate(lengths) if n == width]
+    pieces = {digits.sub(zero, lines[i]) for i in at_width}
+    # and a wrap's W-long lines go on in a line that starts no log line of its own (a Ray log's next line does)
+    going_on = sum(1 for i in at_width if i + 1 < len(lines) and not starts.match(lines[i + 1]))
+    return width if len(pieces) >= WRAP_MIN_PIECES and 2 * going_on >= len(at_width) else None
+
+
+class HardWrapJoiner:
+    """Joins the pieces of hard-wrapped lines, one physical line (bytes, no newline) at a time: a line exactly
+    `width` columns long goes on in the next line unless that one starts a log line (LOG_LINE_START_RE); a line one
+    column short goes on only in a line that starts with a wide character (the terminal moved it whole)."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.pending: bytes | None = None  # a line whose last piece is (about) `width` long: it may go on
+        self.short = False  # that piece is one column short: only a wide first character goes on it
+
+    def _hold(self, line: bytes) -> bool:
+        columns = _columns(line)
+        self.short = columns == self.width - 1
+        return columns == self.width or self.short
+
+    def push(self, line: bytes) -> list[bytes]:
+        """The lines this one completes (none while it may go on)."""
+        out = []
+        if self.pending is not None:
+            goes_on = LOG_LINE_START_RE.match(line) is None and (
+                not self.short or (not line[:1].isascii() and WIDE_RE.match(line[:4].decode("utf-8", "ignore"))))
+            if goes_on:  # a piece: it goes on the line before
+                if self.pending.endswith(b"\r"):  # a CRLF paste: the piece's line end is no tqdm redraw
+                    self.pending = self.pending[:-1]
+                self.pending += line
+                if not self._hold(line):
+                    out.append(self.pending)
+                    self.pending = None
+                return out
+            out.append(self.pending)
+            self.pending = None
+        if self._hold(line):
+            self.pending = line
+        else:
+            out.append(line)
+        return out
+
+    def flush(self) -> list[bytes]:
+        pending, self.pending = self.pending, None
+        return [] if pending is None else [pending]
+
+
+def join_hard_wrapped(lines: Iterable[bytes], width: int) -> Iterator[bytes]:
+    """Byte lines (no newline) with the pieces of hard-wrapped lines joined (HardWrapJoiner)."""
+    joiner = HardWrapJoiner(width)
+    for line in lines:
+        yield from joiner.push(line)
+    yield from joiner.flush()
+
+
+class HardWrapJoined(io.RawIOBase):
+    """A binary file read through a HardWrapJoiner (a raw stream: read_chunks's readinto, or buffered as text)."""
+
+    def __init__(self, handle, width: int):
+        super().__init__()
+        self.handle = handle
+        self.joiner = HardWrapJoiner(width)
+        self.out = bytearray()
+        self.rest = b""  # the partial last line of the blocks read so far
+        self.eof = False
+
+    def _read_block(self) -> None:
+        block = self.handle.read(WRAP_BLOCK)
+        lines = (self.rest + block).split(b"\n")
+        self.rest = lines.pop()
+        for line in lines:
+            for done in self.joiner.push(line):
+                self.out += done
+                self.out += b"\n"
+        if not block:  # the end: a last line without a newline keeps having none
+            self.eof = True
+            last = self.joiner.push(self.rest) if self.rest else []
+            last += self.joiner.flush()
+            self.out += b"\n".join(last)
+            if last and not self.rest:
+                self.out += b"\n"
+
+    def readinto(self, view) -> int:
+        while len(self.out) < len(view) and not self.eof:
+            self._read_block()
+        n = min(len(view), len(self.out))
+        view[:n] = self.out[:n]
+        del self.out[:n]
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
+def open_log(path: str | os.PathLike[str]):
+    """The log opened for reading in binary: as is, or joined where its head shows a hard-wrapped paste."""
+    handle = open(path, "rb", buffering=0)
+    head = handle.read(WRAP_SNIFF_BYTES)
+    width = hard_wrap_width(head, len(head) < WRAP_SNIFF_BYTES) if b"\n" in head else None
+    handle.seek(0)
+    return handle if width is None else HardWrapJoined(handle, width)
+
+
+def open_log_text(path: str | os.PathLike[str]) -> io.TextIOWrapper:
+    """open_log as text lines (utf-8, errors replaced): a traced command wrapped by a paste is one line again."""
+    return io.TextIOWrapper(io.BufferedReader(open_log(path)), encoding="utf-8", errors="replace")
+
+
 def read_chunks(path: str | os.PathLike[str], chunk_size: int, stats: ScanStats) -> Iterator[tuple[bytearray, int, bool]]:
     """(buf, cut, eof) per chunk: buf[:cut] holds whole lines (all of the file's rest at eof). The consumer sends
-    back where the next chunk starts (`keep_from`, at most cut: a deferred step line is read again with more)."""
-    with open(path, "rb", buffering=0) as handle:
+    back where the next chunk starts (`keep_from`, at most cut: a deferred step line is read again with more).
+    A hard-wrapped paste is read joined (open_log)."""
+    with closing(open_log(path)) as handle:
         buf = bytearray(chunk_size + (1 << 16))
         view = memoryview(buf)
         filled = 0  # bytes of buf holding data (carry + new read)

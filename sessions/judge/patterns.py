@@ -35,7 +35,7 @@ SCAN_NEEDLES = (
     "VISIBLE_DEVICES", "available GPUs", "No space", "KeyboardInterrupt", "NaN", "LORA", "LLM engine",
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
-    "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend",
+    "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -211,6 +211,9 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("vanilla-trace", "VANILLA_MBRIDGE=", r"^\++\s+(?:export\s+)?(?:VALUE_)?VANILLA_MBRIDGE=(\S+)", "fact",
        fact="vanilla", covered_by="ANILLA_MBRIDGE"),
     _p("vanilla-override", "vanilla_mbridge", r"vanilla_mbridge['\"]?\s*[=:]\s*['\"]?(\w+)", "fact", fact="vanilla"),
+    # a script's `set -x` trace of the verl command it runs (`+ python3 -m verl.trainer.main_ppo k=v ...`): the keys
+    # it passed (a key Hydra rejects that the script passed: the script and verl are from different releases)
+    _p("traced-command", "-m verl.", r"^\++ .*?-m verl\.", "fact", fact="traced_command"),
     _p("steps-printed", "Total training steps", r"Total training steps:?\s*(\d+)", "fact", fact="total_steps",
        covered_by="training steps"),
     _p("steps-override", "total_training_steps", r"trainer\.total_training_steps=(\d+)", "fact",
@@ -263,7 +266,8 @@ PATTERNS: tuple[Pattern, ...] = (
        limitation="gradient_accumulation_fusion=False overrides (Apex fused kernel not used)",
        covered_by="gradient_accumulation_fusion"),
     _p("lim-fused-attention", "attention_backend=fused", r"attention_backend=fused", "limitation",
-       limitation="attention_backend=fused override (Transformer Engine fused attention, not flash-attn)",
+       limitation="attention_backend=fused override (Transformer Engine fused attention): flash-attn path not "
+                  "exercised",
        covered_by="attention_backend"),
     _p("lim-dummy", "USE_DUMMY_MODEL=", r"^\++\s+(?:export\s+)?USE_DUMMY_MODEL=True", "limitation",
        limitation="dummy model: validates construction and mechanics, not pretrained-weight compatibility",
@@ -444,6 +448,12 @@ PATTERNS: tuple[Pattern, ...] = (
        category="nan-metrics", result="fail"),
     _p("unexpected-nan", "Unexpected result", r"Unexpected result (?:nan|inf)", "error", category="nan-metrics",
        result="fail", covered_by="rror"),
+    # vLLM's model registry cannot load the architecture for the rollout (its own message, whatever the model)
+    _p("vllm-architecture", "Model architectures", r"Model architectures \[[^\]]*\] (?:failed to be inspected|are "
+       r"not supported)", "error", category="rollout", result="fail", covered_by="rror",
+       hint="vLLM could not inspect or does not support the model's architecture while building the rollout: check "
+            "the vLLM version against the model type (and vLLM's own log above for an import error in its "
+            "inspection subprocess); a rollout-engine problem, not the Bridge provider."),
     _p("vllm-engine", "Engine", r"EngineCore failed to start|Engine core initialization failed|"
        r"(?:AsyncEngineDead|EngineDead|EngineGenerate)Error", "error", category="rollout", result="fail",
        covered_by="rror"),

@@ -188,7 +188,7 @@ def _uncoloured(raw: bytes) -> bytes:
     """The line without ANSI codes or their residue (what normalise removes inside a line)."""
     if b"\x1b" in raw:
         raw = ANSI_BYTES_RE.sub(b"", raw)
-    if b"[3" in raw or b"[0m" in raw:
+    if b"[3" in raw or b"[0m" in raw or b"[1;3" in raw or b"[0;0m" in raw:  # as normalise
         raw = ANSI_RESIDUE_BYTES_RE.sub(b"", raw)
     return raw
 

@@ -13,8 +13,10 @@ TRACE_SCAN_BYTES = 64 * 2**20  # the wrapper traces its command before verl prin
 
 def traced_overrides(log: Path) -> dict[str, str] | None:
     """The Hydra overrides of the traced `... -m verl.trainer.main_ppo ...` line (later wins, as in Hydra)."""
+    from sessions.judge.logstream import open_log_text
+
     try:
-        f = open(log, encoding="utf-8", errors="replace")
+        f = open_log_text(log)
     except OSError:
         return None
     with f:

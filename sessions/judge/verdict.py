@@ -73,13 +73,19 @@ def scan_matcher() -> NeedleMatcher:
     return _MATCHER
 
 
+# executables and archives (ELF, Mach-O, PE, zip, gzip): no log starts so
+BINARY_MAGICS = (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe", b"MZ", b"PK\x03\x04",
+                 b"\x1f\x8b")
+
+
 def sniff(path: str | os.PathLike[str]) -> str | None:
-    """"empty" / "binary" when the file is no text log (an ELF, random bytes, NULs), else None."""
+    """"empty" / "binary" when the file is no text log (an executable, random bytes, mostly NULs), else None. A few
+    NUL or control bytes do not make a log binary (a real verl log holds two NULs a crashing worker printed)."""
     with open(path, "rb") as handle:
         head = handle.read(SNIFF_BYTES)
     if not head.strip():
         return "empty"
-    if head.startswith(b"\x7fELF") or b"\x00" in head:
+    if head.startswith(BINARY_MAGICS):
         return "binary"
     text = head.decode("utf-8", "replace")
     bad = text.count("\ufffd") + sum(1 for ch in text if ord(ch) < 32 and ch not in "\t\n\r\x1b\x0c\x08")
@@ -179,7 +185,7 @@ def format_verdict(verdict: Verdict) -> str:
 def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any = None, as_json: bool = False,
                   bridge_repo: Any = None) -> int:
     """`invoke judge`: print the verdict of LOG; exit 0 Pass, 1 Fail, 3 Blocked (the run's answer, or the level's with
-    --level), 2 bad invocation/unreadable log."""
+    --level), 2 bad invocation/unreadable log or no text log (a binary file; an empty log is a run's: Fail)."""
     try:
         level_n, steps_n, exit_n = (
             _coerce_int(level, "level"), _coerce_int(steps, "steps"), _coerce_int(exit_code, "exit-code")
@@ -192,6 +198,9 @@ def judge_command(log: Any, level: Any = None, steps: Any = None, exit_code: Any
             raise ValueError(f"log file not found: {log}")
         if not os.path.isfile(log):  # /dev/null, a folder, a fifo: nothing a run wrote
             raise ValueError(f"--log {log} is not a regular file")
+        if sniff(log) == "binary":  # an executable, random bytes: nothing a run wrote either (an empty log is one)
+            raise ValueError(f"--log {log} is not a text log (binary: an executable, random or NUL bytes): pass the "
+                             "log file the run wrote")
         # the level's Bridge criterion needs the checkout the run was meant to import (--bridge-repo, BRIDGE_REPO)
         bridge = bridge_repo or os.environ.get("BRIDGE_REPO")
         bridge_src = str(Path(bridge).expanduser().absolute() / "src") if bridge and level_n is not None else None

@@ -422,7 +422,7 @@ case("fail_nccl_watchdog", built3 + steps(3)[:4] + [
 case("fail_rollout_during_training", built3 + steps(3)[:4] + driver_failure(
     "", "vllm.v1.engine.exceptions.EngineDeadError", "EngineCore encountered an issue. See stack trace (above) "
     "for the root cause.", task="AgentLoopWorkerTQ.generate_sequences"),
-    {"result": "Fail", "category": "rollout", "phase": "rollout-up"}, exit_code=1)
+    {"result": "Fail", "category": "rollout", "phase": "training"}, exit_code=1)  # after step 1: training
 case("fail_unknown_in_training", built3 + steps(3)[:4] + driver_failure(
     "actor_rollout_update_actor", "RuntimeError", "shape '[8, -1, 896]' is invalid for input of size 1234",
     inner_frames=frames(f"{VERL}/workers/actor/megatron_actor.py")),

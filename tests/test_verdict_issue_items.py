@@ -1,0 +1,126 @@
+"""Issue items of session 4: the phase label never goes back nor past what the log shows; a level's limitation only
+with `--level`; an `attention_backend=fused` override is a Limitation; a binary file is no log (usage error)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sessions.judge.verdict import judge_command, judge_lines, judge_log
+from tests.conftest import real_logs
+
+VAL0 = ("(TaskRunner pid=7) step:0 - val-core/openai/gsm8k/reward/mean@1:0.12 - "
+        "val-aux/openai/gsm8k/score/mean@1:0.12")
+DIED = [
+    "(raylet) A worker died or was killed while executing a task by an unexpected system error.",
+    "Error executing job with overrides: []",
+    "Traceback (most recent call last):",
+    '  File "/verl/verl/trainer/main_ppo.py", line 42, in main',
+    "    run_ppo(config)",
+    "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+    "\tclass_name: TaskRunner",
+]
+
+
+def test_an_actor_death_after_the_step0_validation_is_not_read_as_ray_up():
+    """Validation before training generates with the rollout: the models were built and the rollout was up."""
+    verdict = judge_lines([VAL0, *DIED])
+    assert (verdict.result, verdict.category) == ("Fail", "actor-died")
+    assert verdict.phase == "rollout-up", verdict.phase
+
+
+def test_a_real_taskrunner_death_after_step0_validation_is_past_ray_up():
+    verdict = judge_log(real_logs() / "05_fail_megatron_taskrunner_actordied_k8s_mem.log")
+    assert verdict.category == "actor-died" and verdict.phase == "rollout-up", verdict.phase
+
+
+RESUMED = [
+    "(TaskRunner pid=7) Training Progress:   0%|          | 0/1 [00:00<?, ?it/s]",
+    "(WorkerDict pid=8) Loaded HF model checkpoint from /ckpt/global_step_1/actor/huggingface with bridge",
+    "(WorkerDict pid=8) Loaded optimizer checkpoint from /ckpt/global_step_1/actor",
+]
+
+
+def test_an_interrupted_run_that_only_loaded_its_checkpoint_is_not_past_its_steps():
+    """A resume loads before the first step: the phase of a run interrupted there is no later than training."""
+    verdict = judge_lines(RESUMED, termination="interrupted")
+    assert verdict.result == "Blocked" and verdict.category == "interrupted"
+    assert verdict.steps_completed == 0 and verdict.phase == "model-built", verdict.phase
+
+
+def test_a_failure_while_loading_the_checkpoint_still_reads_checkpoint():
+    verdict = judge_lines([*RESUMED, "Traceback (most recent call last):",
+                           "megatron.core.dist_checkpointing.core.CheckpointingException: Object shard missing"])
+    assert verdict.category == "checkpoint" and verdict.phase == "checkpoint", (verdict.category, verdict.phase)
+
+
+def test_a_rollout_failure_after_training_steps_reads_training():
+    """The rollout of step 2 failing after step 1 trained: the phase stays training, it does not go back."""
+    lines = ["+ TOTAL_TRAIN_STEPS=3", "(TaskRunner pid=7) step:1 - training/global_step:1 - actor/pg_loss:0.1",
+             "Error executing job with overrides: []",
+             "ray.exceptions.RayTaskError(EngineDeadError): ray::AgentLoopWorker.generate_sequences() (pid=9)",
+             "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."]
+    verdict = judge_lines(lines)
+    assert verdict.category == "rollout" and verdict.phase == "training", verdict.phase
+
+
+SIXTY = ["+ TOTAL_TRAIN_STEPS=60"] + [
+    f"(TaskRunner pid=7) step:{n} - training/global_step:{n} - actor/pg_loss:0.1" for n in range(1, 61)]
+
+
+def test_a_level_limitation_is_listed_only_with_level(tmp_path, capsys):
+    path = tmp_path / "run.log"
+    path.write_text("\n".join(SIXTY) + "\n")
+    assert judge_command(str(path)) == 0
+    assert "Level 0 smoke" not in capsys.readouterr().out
+    assert not any("Level 0" in item for item in judge_log(path).limitations)
+    judge_command(str(path), level=0)
+    assert "Level 0 smoke" in capsys.readouterr().out
+
+
+def test_an_attention_backend_fused_override_is_a_limitation():
+    command = ("+ python3 -m verl.trainer.main_ppo trainer.total_training_steps=1 "
+               "actor_rollout_ref.actor.megatron.override_transformer_config.attention_backend=fused")
+    verdict = judge_lines([command, "(TaskRunner pid=7) step:1 - training/global_step:1 - actor/pg_loss:0.1"])
+    assert verdict.result == "Pass"
+    assert any("flash-attn path not exercised" in item for item in verdict.limitations), verdict.limitations
+
+
+@pytest.mark.parametrize("content", [os.urandom(4096), b"\x7fELF\x02\x01\x01" + bytes(300) + b"RuntimeError: x"])
+def test_judge_refuses_a_binary_file_as_bad_usage(tmp_path, capsys, content):
+    path = tmp_path / "a.out"
+    path.write_bytes(content)
+    assert judge_command(str(path)) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("error: ") and "not a text log" in out[0], out
+
+
+@pytest.mark.parametrize("content", [b"", b"\n \n"])
+def test_judge_of_an_empty_log_is_a_fail_that_says_so_in_one_line(tmp_path, capsys, content):
+    """An empty log is what a run that died before printing leaves: the run's answer (Fail), not a usage error."""
+    path = tmp_path / "run.log"
+    path.write_bytes(content)
+    assert judge_command(str(path)) == 1
+    assert "the file is not a text log (empty)" in capsys.readouterr().out
+    verdict = judge_log(path)
+    assert (verdict.result, verdict.category) == ("Fail", "unknown")
+    assert verdict.first_error.count("not a text log") == 1
+    assert not any("not a text log" in item for item in verdict.limitations)  # said once, not twice
+
+
+def test_a_real_log_with_a_few_nul_bytes_is_a_text_log(tmp_path, capsys):
+    """68 holds two NUL bytes a worker printed: judged (Pass), not refused, and no 'not a text log' note."""
+    path = real_logs() / "68_pass_fsdp_ppo_benign_worker_traceback_then_steps0_18.log"
+    assert b"\x00" in path.read_bytes()
+    verdict = judge_log(path)
+    assert verdict.result == "Pass" and not any("not a text log" in item for item in verdict.limitations)
+    assert judge_command(str(path)) == 0
+    assert "error:" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("magic", [b"\x7fELF", b"\xcf\xfa\xed\xfe", b"MZ", b"PK\x03\x04", b"\x1f\x8b"])
+def test_an_executable_or_archive_is_refused_whatever_text_it_holds(tmp_path, magic):
+    path = tmp_path / "a.bin"
+    path.write_bytes(magic + b"\x00\x01" + b"RuntimeError: boom\n" * 50)
+    assert judge_command(str(path)) == 2
