@@ -71,13 +71,27 @@ class LastingLines:
             lit for lit in literals if lit.decode() not in TEXT_LITERALS)  # the frequent ones first
         # per literal: what a line holding it may match (a pattern: its needles and required words; TEXT_LITERALS)
         self.conditions: list[list] = []
-        for literal in kept:
+        # ... and, for the dense pass, a Hyperscan expression per way a condition can hold (id: the literal's index)
+        # that every line meeting it matches: the required words in the regex's order (`Saving.*checkpoint.*to`),
+        # a needle, `step:`; a line holding a literal is looked at only where one of that literal's expressions
+        # matched too (see _by_literal)
+        expressions: list[tuple[bytes, bool, int]] = []
+        for index, literal in enumerate(kept):
             conditions: list = [text for text in TEXT_LITERALS if literal in text]
+            for text in conditions:
+                expressions.extend((expression, False, index) for expression in TEXT_EXPRESSIONS[text])
             for p in PATTERNS:
                 needles = needles_of(p)
                 if lasting(p) and any(literal in n for n in needles):
                     words = required_words(p.regex)
                     caseless = bool(re.compile(p.regex).flags & re.IGNORECASE)
+                    if words is not None:  # in the regex's order: the text is the line less what normalise drops
+                        expressions.extend((b".*".join(re.escape(w).encode() for w in alt), caseless, index)
+                                           for alt in words)
+                    elif literal in needles:
+                        expressions.append((re.escape(literal).encode(), False, index))
+                    else:
+                        expressions.extend((re.escape(n).encode(), False, index) for n in needles)
                     # the line holds `literal`: a pattern needing just that is a candidate (no needle to look for)
                     unknown = () if literal in needles else tuple(n.encode() for n in needles)
                     if words is not None:  # words apart from the literal first: they decide soonest
@@ -87,10 +101,13 @@ class LastingLines:
                                       for alt in words)
                     conditions.append((unknown, caseless, words))
             self.conditions.append(conditions)
+        self.kept = literals
+        self.expressions = _expression_database(expressions)
 
     @property
     def available(self) -> bool:
-        return self.literals.database is not None and self.prefilter.database is not None
+        return (self.literals.database is not None and self.prefilter.database is not None
+                and self.expressions is not None)
 
     def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], list[int] | None, int]:
         """Dense: (sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, the literals
@@ -116,29 +133,54 @@ class LastingLines:
         return False
 
     def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
-        """Starts of the lines holding a lasting literal, their literal masks, those holding only unsure ones."""
+        """Starts of the lines holding a lasting literal that one of its expressions matches too, their literal
+        masks (only such literals: may_last gives the same answer, the others' conditions cannot hold), those
+        holding only unsure ones. One Hyperscan pass of the expressions; the literals then looked for in the few
+        lines it found (a config dump's `'checkpoint': {...}` is never located)."""
         found: list[int] = []
-        self.literals.database.scan(memoryview(buf)[:cut],
-                                    match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
+        self.expressions.scan(memoryview(buf)[:cut],
+                              match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
         starts: list[int] = []
         masks: list[int] = []
         unsure: list[int] = []
-        rfind, find, sure = buf.rfind, buf.find, self.sure
+        rfind, find = buf.rfind, buf.find
         line_end = -1
-        for code in found:  # in end-offset order: later hits in the line just added only add to its mask
-            to, i = code >> 8, code & 0xFF
+        bits = 0
+        start = end = 0
+        for code in found:  # in end-offset order: an expression ends in the line it starts in (`.` is no newline)
+            to = code >> 8
             if to <= line_end:
-                masks[-1] |= 1 << i
-                if sure[i] and unsure and unsure[-1] == starts[-1]:
-                    unsure.pop()
+                bits |= 1 << (code & 0xFF)
                 continue
-            starts.append(rfind(b"\n", 0, to) + 1)
-            masks.append(1 << i)
-            if not sure[i]:
-                unsure.append(starts[-1])
+            if bits:
+                self._add_line(buf, start, end, bits, starts, masks, unsure)
+            start = rfind(b"\n", 0, to) + 1
             end = find(b"\n", to, cut)
-            line_end = cut if end == -1 else end
+            line_end = end = cut if end == -1 else end
+            bits = 1 << (code & 0xFF)
+        if bits:
+            self._add_line(buf, start, end, bits, starts, masks, unsure)
         return starts, masks, unsure
+
+    def _add_line(self, buf: bytearray, start: int, end: int, bits: int, starts: list[int], masks: list[int],
+                  unsure: list[int]) -> None:
+        """The line buf[start:end], whose expressions of the literals `bits` matched: kept with the literals of
+        those it holds."""
+        find, kept, sure = buf.find, self.kept, self.sure
+        mask = 0
+        certain = False
+        while bits:
+            low = bits & -bits
+            bits ^= low
+            i = low.bit_length() - 1
+            if find(kept[i], start, end) != -1:
+                mask |= low
+                certain = certain or sure[i]
+        if mask:
+            starts.append(start)
+            masks.append(mask)
+            if not certain:
+                unsure.append(start)
 
     def may_last(self, raw: bytes, mask: int, evidence: Evidence) -> bool:
         """Whether the line (holding the literals of `mask`) may change more than the next progress clears."""
@@ -181,7 +223,27 @@ class LastingLines:
 
 THREAD_BYTES = THREAD_HEADER.encode()
 CODE_AFTER_STEP = (b"step\x1b", b"step[", b"step^[")  # an ANSI code (or its residue) right after `step`
+# what a line meeting a TEXT_LITERALS condition of may_last matches: `step:` (or `step` and a code), a missing
+# module with `._` before or after it (_new_extension), the thread header
+TEXT_EXPRESSIONS = {
+    "step": tuple(re.escape(c).encode() for c in ("step:",) + tuple(c.decode() for c in CODE_AFTER_STEP)),
+    "No module": (rb"No module.*\._", rb"\._.*No module"),
+    THREAD_HEADER: (re.escape(THREAD_HEADER).encode(),),
+}
 EXTENSION_BYTES_RE = re.compile(rb"No module named '(?:\w+\.)+(_\w+)'")
+
+
+def _expression_database(expressions: list[tuple[bytes, bool, int]]):
+    """A block-mode Hyperscan database of (expression, caseless, id), or None where hyperscan is not installed."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(expressions=[e for e, _, _ in expressions], ids=[i for _, _, i in expressions],
+                     elements=len(expressions),
+                     flags=[hyperscan.HS_FLAG_CASELESS if caseless else 0 for _, caseless, _ in expressions])
+    return database
 
 
 def _uncoloured(raw: bytes) -> bytes:
