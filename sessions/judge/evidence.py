@@ -37,6 +37,7 @@ MAX_FRAMES = 64  # traceback frames remembered per source
 METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
+MAX_RAW_METRICS = 64 << 10  # a step's metrics text kept unparsed up to this length (metrics_head)
 MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat on giant lines)
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
@@ -140,6 +141,17 @@ def metrics_match(raw: bytes, step: re.Match[bytes] | None | object = _NO_MATCH_
     return None
 
 
+def _kept_metrics(rest: str | bytes) -> str | bytes | dict[str, float]:
+    """What metrics_head keeps of a step's metrics: the text, parsed only when decided (`head_metrics`), or parsed
+    now when long (memory stays flat: no 250 raw giant lines)."""
+    return rest if len(rest) <= MAX_RAW_METRICS else parse_metrics(_text(rest))
+
+
+def head_metrics(value: str | bytes | dict[str, float]) -> dict[str, float]:
+    """A metrics_head value as metrics."""
+    return value if isinstance(value, dict) else parse_metrics(_text(value))
+
+
 def _head(text: str) -> str:
     return text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
 
@@ -172,7 +184,8 @@ class Evidence:
         self.reached = 0  # index of the furthest phase reached
         self.max_step = 0
         self.progress_seq = 0  # seq of the last evidence that training went on (a new step, completion markers)
-        self.metrics_head: dict[int, dict[str, float]] = {}
+        # step -> its metrics: the text after `step:N - `, parsed when decided (a step logged again replaces it)
+        self.metrics_head: dict[int, str | bytes | dict[str, float]] = {}
         self.metrics_tail: deque[tuple[int, str | bytes]] = deque(maxlen=METRICS_TAIL_STEPS)
         self.metrics_dropped = 0
         self.nan_findings: list[str] = []
@@ -308,15 +321,14 @@ class Evidence:
             self.noise_after_last_step = []
         self.last_step_line = run.raw(count - 1)
         head, tail = self.metrics_head, self.metrics_tail
-        parsed: dict[int, dict[str, float]] = {}
-        for i in range(min(count, max(0, METRICS_HEAD_STEPS - len(head)))):
-            head[steps[i]] = parsed[i] = parse_metrics(run.rest(i).decode("utf-8", "replace"))
-        if count > len(parsed):
-            self.metrics_dropped += max(0, len(tail) + count - len(parsed) - METRICS_TAIL_STEPS)
-            tail.extend((steps[i], run.rest(i)) for i in range(max(len(parsed), count - METRICS_TAIL_STEPS), count))
+        taken = min(count, max(0, METRICS_HEAD_STEPS - len(head)))
+        for i in range(taken):
+            head[steps[i]] = _kept_metrics(run.rest(i))
+        if count > taken:
+            self.metrics_dropped += max(0, len(tail) + count - taken - METRICS_TAIL_STEPS)
+            tail.extend((steps[i], run.rest(i)) for i in range(max(taken, count - METRICS_TAIL_STEPS), count))
         for i in run.nonfinite:
-            metrics = parsed[i] if i in parsed else parse_metrics(run.rest(i).decode("utf-8", "replace"))
-            self._check_finite(steps[i], metrics)
+            self._check_finite(steps[i], parse_metrics(run.rest(i).decode("utf-8", "replace")))
 
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1
@@ -457,16 +469,15 @@ class Evidence:
             self.noise_after_last_step = []
         self.last_step_line = raw
         head = self.metrics_head
-        metrics = None
         if step in head or len(head) < METRICS_HEAD_STEPS:
-            metrics = head[step] = parse_metrics(rest.decode("utf-8", "replace"))
+            head[step] = _kept_metrics(rest)
         else:
             tail = self.metrics_tail
             if len(tail) == METRICS_TAIL_STEPS:
                 self.metrics_dropped += 1
             tail.append((step, rest))
         if not finite and (b"nan" in rest or b"inf" in rest):
-            self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
+            self._check_finite(step, parse_metrics(rest.decode("utf-8", "replace")))
 
     def _advance(self, phase: str) -> None:
         index = PHASE_INDEX[phase]
@@ -477,7 +488,7 @@ class Evidence:
     def _step(self, step: int, rest: str | bytes, text: str | bytes) -> None:
         """A `step:N - k:v ...` metrics line. `rest`/`text` are bytes on the fast path (decoded only if kept)."""
         if step == 0:  # validation before training: metrics only
-            self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
+            self.metrics_head.setdefault(0, _kept_metrics(rest))
             self.key_lines.setdefault("validation", _shorten(_text(text), 240))
             return
         if isinstance(rest, str) and rest and "training/global_step" not in rest and rest.count(":") < 2 \
@@ -492,9 +503,8 @@ class Evidence:
         self.phase = "training"
         self.noise_after_last_step = []
         self.last_step_line = text
-        metrics = None
         if step in self.metrics_head or len(self.metrics_head) < METRICS_HEAD_STEPS:
-            metrics = self.metrics_head[step] = parse_metrics(_text(rest))
+            self.metrics_head[step] = _kept_metrics(rest)
         else:
             if len(self.metrics_tail) == self.metrics_tail.maxlen:
                 self.metrics_dropped += 1
@@ -504,7 +514,7 @@ class Evidence:
         else:
             suspicious = "nan" in rest or "inf" in rest
         if suspicious:
-            self._check_finite(step, metrics if metrics is not None else parse_metrics(_text(rest)))
+            self._check_finite(step, parse_metrics(_text(rest)))
 
     def _check_finite(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():

@@ -46,6 +46,8 @@ WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past 
 # Checked by Evidence._line in the normalised text, not through the pattern table. Like the table's dispatch (which
 # looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
 TEXT_LITERALS = ("step", "No module", THREAD_HEADER)
+# a required word looked for with the literal when this long (shorter ones, `pid`, `in`, `True`, are in most lines)
+TELLING_WORD = 6
 
 
 class LastingLines:
@@ -71,10 +73,10 @@ class LastingLines:
             lit for lit in literals if lit.decode() not in TEXT_LITERALS)  # the frequent ones first
         # per literal: what a line holding it may match (a pattern: its needles and required words; TEXT_LITERALS)
         self.conditions: list[list] = []
-        # ... and, for the dense pass, a Hyperscan expression per way a condition can hold (id: the literal's index)
-        # that every line meeting it matches: the required words in the regex's order (`Saving.*checkpoint.*to`),
-        # a needle, `step:`; a line holding a literal is looked at only where one of that literal's expressions
-        # matched too (see _by_literal)
+        # ... and, for the dense pass, a literal per way a condition can hold (id: the literal's index) that every
+        # line meeting it holds: a required word (`Saving` for `[Ss]aving checkpoint to`), a needle, `step:`, `._`;
+        # a line holding a literal is looked at only where one of that literal's expressions is in it too (see
+        # _by_literal). Literals, not `Saving.*checkpoint.*to`: Hyperscan compiles those ~30x faster (process start)
         expressions: list[tuple[bytes, bool, int]] = []
         for index, literal in enumerate(kept):
             conditions: list = [text for text in TEXT_LITERALS if literal in text]
@@ -85,13 +87,7 @@ class LastingLines:
                 if lasting(p) and any(literal in n for n in needles):
                     words = required_words(p.regex)
                     caseless = bool(re.compile(p.regex).flags & re.IGNORECASE)
-                    if words is not None:  # in the regex's order: the text is the line less what normalise drops
-                        expressions.extend((b".*".join(re.escape(w).encode() for w in alt), caseless, index)
-                                           for alt in words)
-                    elif literal in needles:
-                        expressions.append((re.escape(literal).encode(), False, index))
-                    else:
-                        expressions.extend((re.escape(n).encode(), False, index) for n in needles)
+                    expressions.extend((e, c, index) for e, c in _telling(literal, needles, words, caseless))
                     # the line holds `literal`: a pattern needing just that is a candidate (no needle to look for)
                     unknown = () if literal in needles else tuple(n.encode() for n in needles)
                     if words is not None:  # words apart from the literal first: they decide soonest
@@ -147,7 +143,7 @@ class LastingLines:
         line_end = -1
         bits = 0
         start = end = 0
-        for code in found:  # in end-offset order: an expression ends in the line it starts in (`.` is no newline)
+        for code in found:  # in end-offset order: a literal ends in the line it starts in
             to = code >> 8
             if to <= line_end:
                 bits |= 1 << (code & 0xFF)
@@ -223,24 +219,39 @@ class LastingLines:
 
 THREAD_BYTES = THREAD_HEADER.encode()
 CODE_AFTER_STEP = (b"step\x1b", b"step[", b"step^[")  # an ANSI code (or its residue) right after `step`
-# what a line meeting a TEXT_LITERALS condition of may_last matches: `step:` (or `step` and a code), a missing
-# module with `._` before or after it (_new_extension), the thread header
-TEXT_EXPRESSIONS = {
-    "step": tuple(re.escape(c).encode() for c in ("step:",) + tuple(c.decode() for c in CODE_AFTER_STEP)),
-    "No module": (rb"No module.*\._", rb"\._.*No module"),
-    THREAD_HEADER: (re.escape(THREAD_HEADER).encode(),),
-}
+# what a line meeting a TEXT_LITERALS condition of may_last holds: `step:` (or `step` and a code), `._` (a missing
+# compiled extension, _new_extension), the thread header
+TEXT_EXPRESSIONS = {"step": (b"step:", *CODE_AFTER_STEP), "No module": (b"._",), THREAD_HEADER: (THREAD_BYTES,)}
 EXTENSION_BYTES_RE = re.compile(rb"No module named '(?:\w+\.)+(_\w+)'")
 
 
+def _telling(literal: str, needles: tuple[str, ...], words, caseless: bool) -> list[tuple[bytes, bool]]:
+    """(literal, caseless) pairs one of which every line meeting may_last's condition for a pattern holds, besides
+    `literal`: its needles when the condition needs one (`Found checkpoint`), else per alternative of its required
+    words the longest word of 6+ characters apart from the literal (`Saving`), else the longest holding it
+    (`total_training_steps` for `step`), else the literal itself."""
+    if literal not in needles:
+        return [(n.encode(), False) for n in needles]
+    if words is None:
+        return [(literal.encode(), False)]
+    lit = literal.lower() if caseless else literal
+    out = []
+    for alt in words:
+        apart = [w for w in alt if len(w) >= TELLING_WORD and w not in lit and lit not in w]
+        holding = [w for w in alt if lit in w]
+        word = max(apart or holding, key=len) if apart or holding else None
+        out.append((word.encode(), caseless) if word else (literal.encode(), False))
+    return out
+
+
 def _expression_database(expressions: list[tuple[bytes, bool, int]]):
-    """A block-mode Hyperscan database of (expression, caseless, id), or None where hyperscan is not installed."""
+    """A block-mode Hyperscan database of (literal, caseless, id), or None where hyperscan is not installed."""
     try:
         import hyperscan
     except ImportError:
         return None
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-    database.compile(expressions=[e for e, _, _ in expressions], ids=[i for _, _, i in expressions],
+    database.compile(expressions=[re.escape(e) for e, _, _ in expressions], ids=[i for _, _, i in expressions],
                      elements=len(expressions),
                      flags=[hyperscan.HS_FLAG_CASELESS if caseless else 0 for _, caseless, _ in expressions])
     return database
