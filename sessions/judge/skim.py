@@ -20,7 +20,14 @@ import os
 import re
 from bisect import bisect_left
 
-from sessions.judge.evidence import MAX_EVENTS, THREAD_HEADER, Evidence, lasting, metrics_match
+from sessions.judge.evidence import (
+    MAX_EVENTS,
+    PROGRESS_FACTS,
+    THREAD_HEADER,
+    Evidence,
+    lasting,
+    metrics_match,
+)
 from sessions.judge.literals import required_words
 from sessions.judge.logstream import (
     ANSI_BYTES_RE,
@@ -33,7 +40,7 @@ from sessions.judge.logstream import (
     read_chunks,
     step_match_in,
 )
-from sessions.judge.needles import DISPATCH, needles_of
+from sessions.judge.needles import DISPATCH, MAX_MEMO, needles_of
 from sessions.judge.patterns import PATTERNS
 from sessions.judge.record import PHASE_INDEX
 
@@ -98,7 +105,22 @@ class LastingLines:
                     conditions.append((unknown, caseless, words))
             self.conditions.append(conditions)
         self.kept = literals
+        self._lasting_only: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.expressions = _expression_database(expressions)
+
+    def lasting_only(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """The candidates a skimmed line is fed with: its lasting patterns (what the others do, error events,
+        traceback areas, the driver's failure, the next progress clears or the exact re-read redoes), all of them
+        where one may go on training (an error after that progress in the line outlives it)."""
+        kept = self._lasting_only.get(candidates)
+        if kept is None:
+            if any(PATTERNS[i].fact in PROGRESS_FACTS for i in candidates):
+                kept = candidates
+            else:
+                kept = tuple(i for i in candidates if lasting(PATTERNS[i]))
+            if len(self._lasting_only) < MAX_MEMO:
+                self._lasting_only[candidates] = kept
+        return kept
 
     @property
     def available(self) -> bool:
@@ -421,7 +443,7 @@ class Skim:
             if self.saved is None:
                 self.saved = ev.snapshot()
             progress = ev.progress_count
-            ev.feed_bytes(line, cands)
+            ev.feed_bytes(line, self.lasting.lasting_only(cands))
             pos = nxt
             if ev.progress_count != progress:
                 self._new_region(pos)
