@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from bisect import bisect_left
+from itertools import repeat
 
 from sessions.judge.evidence import (
     MAX_EVENTS,
@@ -38,7 +39,6 @@ from sessions.judge.logstream import (
     last_bar_start,
     line_at,
     read_chunks,
-    step_match_in,
 )
 from sessions.judge.needles import DISPATCH, MAX_MEMO, needles_of
 from sessions.judge.patterns import PATTERNS
@@ -240,6 +240,10 @@ class LastingLines:
 
 
 THREAD_BYTES = THREAD_HEADER.encode()
+JOINABLE_START = re.compile(rb"[^\x1b+\[]")  # a next line's first byte other than CONTINUATION_NEVER's
+# step_match_in as one search: the first `step:` not after [A-Za-z0-9_/] that `step:N - ` follows (the lookbehind
+# after the literal: the regex engine's literal-prefix scan finds the candidates); the line's start follows a newline
+STEP_SEARCH = re.compile(rb"step:(?<![\w/]step:)(\d+)\s+-\s+")
 CODE_AFTER_STEP = (b"step\x1b", b"step[", b"step^[")  # an ANSI code (or its residue) right after `step`
 # what a line meeting a TEXT_LITERALS condition of may_last holds: `step:` (or `step` and a code), `._` (a missing
 # compiled extension, _new_extension), the thread header
@@ -264,6 +268,12 @@ def _telling(literal: str, needles: tuple[str, ...], words, caseless: bool) -> l
         word = max(apart or holding, key=len) if apart or holding else None
         out.append((word.encode(), caseless) if word else (literal.encode(), False))
     return out
+
+
+def _finite(ends: list[int], lo: int, hi: int) -> bool:
+    """No `nan`/`inf` whose match ends in `ends` inside [lo, hi)."""
+    i = bisect_left(ends, lo + 3)  # a match ending there or later starts inside
+    return i == len(ends) or ends[i] > hi
 
 
 def _expression_database(expressions: list[tuple[bytes, bool, int]]):
@@ -452,42 +462,59 @@ class Skim:
                      bar: int | None) -> tuple[int, int]:
         """Feed at once the candidates from `index` on that are plain metrics lines going on training (what
         _skim's first branch takes, one step past the other, before the bar line): a long run's metrics lines,
-        looked at in the chunk without copying them. -> (index of the first candidate not taken, offset after
-        the last taken)."""
+        looked at in the chunk without copying them, a batch at a time (each test one C-level map over the
+        batch; the batch doubles while every line passes). -> (index of the first candidate not taken, offset
+        after the last taken)."""
         find, last = buf.find, self.ev.max_step
         run = MetricsRun(buf)
         stop = cut if bar is None else bar
-        while index < len(candidates):
-            start = candidates[index]
-            end = find(b"\n", start, cut)
-            # not the chunk's last line, and a next line no continuation starts so: line_at would not join it
-            if start >= stop or end == -1 or end + 1 >= cut or buf[end + 1] not in CONTINUATION_NEVER:
+        limit = bisect_left(candidates, stop, index)  # the candidates starting before the bar line
+        size = 8
+        while index < limit:
+            starts = candidates[index : min(limit, index + size)]
+            ends = list(map(find, repeat(b"\n"), starts, repeat(cut)))
+            # not the chunk's last line (a line ends, and a next one follows in the chunk)
+            n = next((j for j, end in enumerate(ends) if end == -1 or end + 1 >= cut), len(ends))
+            # a next line no continuation starts so: line_at would not join it
+            nexts = bytes(map(buf.__getitem__, map((1).__add__, ends[:n])))
+            joinable = JOINABLE_START.search(nexts)
+            n = n if joinable is None else joinable.start()
+            starts, ends = starts[:n], ends[:n]
+            returns = map(find, repeat(b"\r"), starts, ends)  # metrics_match: no tqdm redraw ...
+            globals_ = map(find, repeat(b"training/global_step"), starts, ends)  # ... the global step ...
+            matches = map(STEP_SEARCH.search, repeat(buf), starts, ends)  # ... and `step:N - `
+            nonfinite = self._nonfinite(buf, cut)
+            taken = 0
+            for start, end, cr, glob, match in zip(starts, ends, returns, globals_, matches, strict=False):
+                if cr != -1 or glob == -1 or match is None:
+                    break
+                step = int(match.group(1))
+                if step <= last:
+                    break
+                if nonfinite and not _finite(nonfinite, match.end(), end):
+                    run.nonfinite.append(len(run.steps))
+                run.add(start, match.end(), end, step)
+                last, pos = step, end + 1
+                taken += 1
+            index += taken
+            if taken < size:
                 break
-            if find(b"\r", start, end) != -1 or find(b"training/global_step", start, end) == -1:
-                break  # metrics_match
-            match = step_match_in(buf, start, end)
-            if match is None:
-                break
-            step = int(match.group(1))
-            if step <= last:
-                break
-            if not self._finite(buf, cut, match.end(), end):
-                run.nonfinite.append(len(run.steps))
-            run.add(start, match.end(), end, step)
-            last, pos, index = step, end + 1, index + 1
+            size = min(size * 2, 4096)
         if run.steps:
             self.ev.feed_metrics_run(run)
         return index, pos
 
-    def _finite(self, buf, cut: int, lo: int, hi: int) -> bool:
-        """No `nan`/`inf` in buf[lo:hi] (a line's metrics): looked up in one search of the chunk for both."""
+    def _nonfinite(self, buf, cut: int) -> list[int]:
+        """The ends of this chunk's `nan` and `inf` (one search of the chunk for both, when first asked)."""
         if self.nonfinite is None:
             ends: list[int] = []
             NONFINITE.scan(memoryview(buf)[:cut], match_event_handler=lambda _i, _f, to, _fl, _c: ends.append(to))
             self.nonfinite = ends
-        ends = self.nonfinite
-        i = bisect_left(ends, lo + 3)  # a match ending there or later starts inside
-        return i == len(ends) or ends[i] > hi
+        return self.nonfinite
+
+    def _finite(self, buf, cut: int, lo: int, hi: int) -> bool:
+        """No `nan`/`inf` in buf[lo:hi] (a line's metrics)."""
+        return _finite(self._nonfinite(buf, cut), lo, hi)
 
     def _new_region(self, start: int) -> None:
         """A progress: nothing skipped before `start` matters any more."""
