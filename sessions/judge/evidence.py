@@ -19,7 +19,7 @@ from typing import Any
 
 from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
-from sessions.judge.needles import DISPATCH, LongText, search_other, search_pattern
+from sessions.judge.needles import DISPATCH, MAX_MEMO, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CORE_METRIC_RE,
@@ -120,6 +120,27 @@ class _ErrorEvent:
     def shown(self) -> str:
         prefix = f"({self.source}) " if self.source else ""
         return _shorten(prefix + self.text)
+
+
+_KINDS: dict[tuple[int, ...], frozenset[str]] = {}  # storm_sensitive: the kinds of a line's candidates
+
+
+class _MayProgress:
+    """`candidates in _MAY_PROGRESS`: whether a progress fact is among them (remembered per tuple)."""
+
+    def __init__(self):
+        self.known: dict[tuple[int, ...], bool] = {}
+
+    def __contains__(self, candidates: tuple[int, ...]) -> bool:
+        found = self.known.get(candidates)
+        if found is None:
+            found = any(TABLE[i][0].fact in PROGRESS_FACTS for i in candidates)
+            if len(self.known) < MAX_MEMO:
+                self.known[candidates] = found
+        return found
+
+
+_MAY_PROGRESS = _MayProgress()
 
 
 def lasting(pattern: Pattern) -> bool:
@@ -245,9 +266,15 @@ class Evidence:
         feed_bytes drops the line's non-fact candidates, or the whole line): a residual-noise line, a missing
         extension not noted yet from a line without facts, a line that goes on training and holds error
         candidates (its events outlive that progress). Other lines differ only in what the next progress clears."""
-        kinds = {TABLE[i][0].kind for i in candidates}
+        kinds = _KINDS.get(candidates)
+        if kinds is None:
+            kinds = frozenset(TABLE[i][0].kind for i in candidates)
+            if len(_KINDS) < MAX_MEMO:
+                _KINDS[candidates] = kinds
         if "noise" in kinds and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             return True
+        if b"No module" not in raw and b"step:" not in raw and candidates not in _MAY_PROGRESS:
+            return False  # what follows needs a missing module, a progress fact or a step line
         lines = None
         if kinds.isdisjoint(LATE_KINDS) and b"No module" in raw and b"(raylet)" not in raw and b"step:" not in raw:
             if len(self.missing_ext) >= 20:

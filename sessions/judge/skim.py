@@ -447,13 +447,17 @@ class Skim:
                 continue
             if THREAD_BYTES in line:  # after it the skipped lines may matter for good (Evidence.skimmable)
                 return start, False
-            cands = DISPATCH.candidates(line)
-            if match is None and self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
-                return start, False
+            if match is None:
+                cands = DISPATCH.candidates(line)
+                if self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
+                    return start, False
+                cands = self.lasting.lasting_only(cands)
+            else:  # a metrics line not past the highest step: feed_bytes takes it without candidates
+                cands = ()
             if self.saved is None:
                 self.saved = ev.snapshot()
             progress = ev.progress_count
-            ev.feed_bytes(line, self.lasting.lasting_only(cands))
+            ev.feed_bytes(line, cands)
             pos = nxt
             if ev.progress_count != progress:
                 self._new_region(pos)
