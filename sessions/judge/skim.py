@@ -53,6 +53,7 @@ WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past 
 # Checked by Evidence._line in the normalised text, not through the pattern table. Like the table's dispatch (which
 # looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
 TEXT_LITERALS = ("step", "No module", THREAD_HEADER)
+LITERAL_BASE = 64  # in the dense pass a condition literal reports its literal's index, the literal this + it
 # a required word looked for with the literal when this long (shorter ones, `pid`, `in`, `True`, are in most lines)
 TELLING_WORD = 6
 
@@ -105,6 +106,9 @@ class LastingLines:
                     conditions.append((unknown, caseless, words))
             self.conditions.append(conditions)
         self.kept = literals
+        assert len(literals) <= LITERAL_BASE and LITERAL_BASE + len(literals) <= 0xFF, "ids in _by_literal's byte"
+        self.sure_mask = sum(1 << i for i, certain in enumerate(self.sure) if certain)
+        expressions += [(literal, False, LITERAL_BASE + i) for i, literal in enumerate(literals)]
         self._lasting_only: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.expressions = _expression_database(expressions)
 
@@ -151,54 +155,43 @@ class LastingLines:
         return False
 
     def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
-        """Starts of the lines holding a lasting literal that one of its expressions matches too, their literal
-        masks (only such literals: may_last gives the same answer, the others' conditions cannot hold), those
-        holding only unsure ones. One Hyperscan pass of the expressions; the literals then looked for in the few
-        lines it found (a config dump's `'checkpoint': {...}` is never located)."""
+        """Starts of the lines holding a lasting literal and one of its condition literals, their literal masks
+        (only such literals: may_last gives the same answer, the others' conditions cannot hold), those holding
+        only unsure ones. One Hyperscan pass for both kinds (a literal reports LITERAL_BASE + its index): a config
+        dump's `'checkpoint': {...}` is located but never looked at."""
         found: list[int] = []
         self.expressions.scan(memoryview(buf)[:cut],
                               match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
         starts: list[int] = []
         masks: list[int] = []
         unsure: list[int] = []
-        rfind, find = buf.rfind, buf.find
+        rfind, find, base, sure = buf.rfind, buf.find, LITERAL_BASE, self.sure_mask
         line_end = -1
-        bits = 0
-        start = end = 0
+        bits = start = 0
         for code in found:  # in end-offset order: a literal ends in the line it starts in
             to = code >> 8
             if to <= line_end:
                 bits |= 1 << (code & 0xFF)
                 continue
             if bits:
-                self._add_line(buf, start, end, bits, starts, masks, unsure)
+                mask = bits >> base & bits  # a literal and one of its condition literals both in the line
+                if mask:
+                    starts.append(start)
+                    masks.append(mask)
+                    if not mask & sure:
+                        unsure.append(start)
             start = rfind(b"\n", 0, to) + 1
             end = find(b"\n", to, cut)
-            line_end = end = cut if end == -1 else end
+            line_end = cut if end == -1 else end
             bits = 1 << (code & 0xFF)
         if bits:
-            self._add_line(buf, start, end, bits, starts, masks, unsure)
+            mask = bits >> base & bits
+            if mask:
+                starts.append(start)
+                masks.append(mask)
+                if not mask & sure:
+                    unsure.append(start)
         return starts, masks, unsure
-
-    def _add_line(self, buf: bytearray, start: int, end: int, bits: int, starts: list[int], masks: list[int],
-                  unsure: list[int]) -> None:
-        """The line buf[start:end], whose expressions of the literals `bits` matched: kept with the literals of
-        those it holds."""
-        find, kept, sure = buf.find, self.kept, self.sure
-        mask = 0
-        certain = False
-        while bits:
-            low = bits & -bits
-            bits ^= low
-            i = low.bit_length() - 1
-            if find(kept[i], start, end) != -1:
-                mask |= low
-                certain = certain or sure[i]
-        if mask:
-            starts.append(start)
-            masks.append(mask)
-            if not certain:
-                unsure.append(start)
 
     def may_last(self, raw: bytes, mask: int, evidence: Evidence) -> bool:
         """Whether the line (holding the literals of `mask`) may change more than the next progress clears."""
