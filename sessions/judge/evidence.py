@@ -554,7 +554,8 @@ class Evidence:
         if fact == "vanilla":
             value = match.group(1).strip("'\"").capitalize()
             if value in ("True", "False"):
-                self.vanilla_values.append(value)
+                if value not in self.vanilla_values:  # decide asks which were shown: memory stays flat
+                    self.vanilla_values.append(value)
                 self.key_lines.setdefault("vanilla", _shorten(text, 240))
         elif fact in ("total_steps", "override_steps", "trace_steps", "config_steps"):
             source = {"total_steps": "printed", "override_steps": "override", "trace_steps": "trace",
