@@ -54,6 +54,8 @@ WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past 
 # looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
 TEXT_LITERALS = ("step", "No module", THREAD_HEADER)
 LITERAL_BASE = 64  # in the dense pass a condition literal reports its literal's index, the literal this + it
+BOTH_BASE = 128  # ... and a condition literal holding its literal this + the index (both at once)
+LOW_BITS = (1 << LITERAL_BASE) - 1
 # a required word looked for with the literal when this long (shorter ones, `pid`, `in`, `True`, are in most lines)
 TELLING_WORD = 6
 
@@ -106,9 +108,13 @@ class LastingLines:
                     conditions.append((unknown, caseless, words))
             self.conditions.append(conditions)
         self.kept = literals
-        assert len(literals) <= LITERAL_BASE and LITERAL_BASE + len(literals) <= 0xFF, "ids in _by_literal's byte"
+        assert len(literals) <= LITERAL_BASE and BOTH_BASE + len(literals) <= 0xFF, "ids in _by_literal's byte"
         self.sure_mask = sum(1 << i for i, certain in enumerate(self.sure) if certain)
-        expressions += [(literal, False, LITERAL_BASE + i) for i, literal in enumerate(literals)]
+        # a case-sensitive condition literal that holds its literal reports both (BOTH_BASE + index); a literal
+        # is reported by itself only where one of its condition literals does not hold it (`Saving`)
+        both = [(e, c, BOTH_BASE + i if not c and literals[i] in e else i) for e, c, i in expressions]
+        alone = {i for _, _, i in both if i < LITERAL_BASE}
+        expressions = both + [(literal, False, LITERAL_BASE + i) for i, literal in enumerate(literals) if i in alone]
         self._lasting_only: dict[tuple[int, ...], tuple[int, ...]] = {}
         self.expressions = _expression_database(expressions)
 
@@ -166,6 +172,7 @@ class LastingLines:
         masks: list[int] = []
         unsure: list[int] = []
         rfind, find, base, sure = buf.rfind, buf.find, LITERAL_BASE, self.sure_mask
+        both, low_bits = BOTH_BASE, LOW_BITS
         line_end = -1
         bits = start = 0
         for code in found:  # in end-offset order: a literal ends in the line it starts in
@@ -174,7 +181,7 @@ class LastingLines:
                 bits |= 1 << (code & 0xFF)
                 continue
             if bits:
-                mask = bits >> base & bits  # a literal and one of its condition literals both in the line
+                mask = (bits >> base & bits | bits >> both) & low_bits  # a literal and a condition literal of it
                 if mask:
                     starts.append(start)
                     masks.append(mask)
@@ -185,7 +192,7 @@ class LastingLines:
             line_end = cut if end == -1 else end
             bits = 1 << (code & 0xFF)
         if bits:
-            mask = bits >> base & bits
+            mask = (bits >> base & bits | bits >> both) & low_bits
             if mask:
                 starts.append(start)
                 masks.append(mask)
