@@ -12,6 +12,9 @@ cleared anyway. When the log ends first (or a line whose lasting effect depends 
 skipped region grows past PENDING_LIMIT), the evidence goes back to its copy from the region's start and the region is
 read again exactly, every prefilter hit fed in order. Both ways feed Evidence the same lines `scan_file` yields, in
 the same chunks, so the verdict is the one of feeding every hit line (tests/test_judge_skim.py checks it).
+
+A skimmed line is fed with its lasting candidates only (LastingLines.lasting_only): what the error, ignore and
+traceback patterns would do is what the next progress clears or the exact re-read redoes.
 """
 
 from __future__ import annotations
@@ -63,9 +66,11 @@ TELLING_WORD = 6
 class LastingLines:
     """The prefilter hit lines of a chunk that may hold a lasting effect: a literal of a lasting pattern (the
     literals the table's dispatch looks for in the raw line) or of TEXT_LITERALS. Two ways, same lines: `dense`
-    (many hits the next progress clears, real logs' tracebacks and warnings): one pass for the lasting literals,
-    then the few lines found by a literal that holds no prefilter needle (tqdm's `Training Progress`) checked
-    against the prefilter; else one prefilter pass, its hit lines then checked for a lasting literal.
+    (many hits the next progress clears, real logs' tracebacks and warnings): one pass for the lasting literals
+    and their condition literals (a literal's line is located only where a condition literal of it is there too:
+    `Saving` with `heckpoint`), then the few lines found by a literal that holds no prefilter needle (tqdm's
+    `Training Progress`) checked against the prefilter; else one prefilter pass, its hit lines then checked for a
+    lasting literal.
 
     The dense way also tells which literals each line holds: `may_last` then drops the lines no lasting pattern
     can match (the words its regex requires are missing: a config dump's `'checkpoint': {...}` is no `Saving
