@@ -206,3 +206,28 @@ def test_a_thread_traceback_outlasts_the_next_step(tmp_path):
     path.write_bytes(b"\n".join(lines) + b"\n")
     for chunk in (1 << 12, 1 << 20):
         same_verdicts(path, chunk)
+
+
+def test_the_dense_pass_locates_every_line_may_last_keeps():
+    """The dense pass locates a line only where one of its literals' condition literals (a needle, a telling
+    required word, `step:`, `._`) is in it too: a superset of what may_last keeps. Every corpus and real-log line
+    (and the synthetic ones) that may_last keeps with the mask of all the lasting literals it holds, for evidence
+    that has noted no missing extension yet, is located with a mask may_last keeps it with (a prefilter hit line:
+    the others the dense pass drops, as before)."""
+    finder = lasting_lines()
+    lines = [line for lines in sources() for line in lines if line]
+    rng = random.Random(3)
+    lines += [line for _ in range(300) for line in synthetic(rng)]
+    buf = bytearray(b"\n".join(lines) + b"\n")
+    starts, masks, _ = finder.line_starts(buf, len(buf), True)
+    located = dict(zip(starts, masks, strict=True))
+    fresh = Evidence(None, None, None, None, None)
+    kept = pos = 0
+    for line in lines:
+        mask = sum(1 << i for i, literal in enumerate(finder.kept) if literal in line)
+        hit = any(needle in line for needle in finder.prefilter.needles)  # a line no prefilter needle is in: none
+        if mask and hit and finder.may_last(line, mask, fresh):
+            kept += 1
+            assert pos in located and finder.may_last(line, located[pos], fresh), line[:200]
+        pos += len(line) + 1
+    assert kept > 1000, kept

@@ -24,6 +24,7 @@ from sessions.judge.evidence import (
     _ErrorEvent,
     _shorten,
     _text,
+    head_metrics,
     parse_metrics,
 )
 from sessions.judge.frames import frame_category
@@ -358,7 +359,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         setting_limitations=dict(ev.setting_limitations),
     )
     key_lines = dict(ev.key_lines)
-    verdict.step_metrics = dict(ev.metrics_head)
+    verdict.step_metrics = {step: head_metrics(kept) for step, kept in ev.metrics_head.items()}
     for step, rest in ev.metrics_tail:
         verdict.step_metrics[step] = parse_metrics(_text(rest))
     if ev.last_step_line is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
-from sessions.judge.needles import DISPATCH, LongText, search_other, search_pattern
+from sessions.judge.needles import DISPATCH, MAX_MEMO, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CORE_METRIC_RE,
@@ -37,6 +37,7 @@ MAX_FRAMES = 64  # traceback frames remembered per source
 METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
 MAX_LINE_SHOWN = 400
+MAX_RAW_METRICS = 64 << 10  # a step's metrics text kept unparsed up to this length (metrics_head)
 MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat on giant lines)
 MAX_TRACED_COMMAND = 1 << 16  # the wrapper's traced verl command kept (its overrides: which keys a script passed)
 
@@ -126,6 +127,27 @@ class _ErrorEvent:
         return _shorten(prefix + self.text)
 
 
+_KINDS: dict[tuple[int, ...], frozenset[str]] = {}  # storm_sensitive: the kinds of a line's candidates
+
+
+class _MayProgress:
+    """`candidates in _MAY_PROGRESS`: whether a progress fact is among them (remembered per tuple)."""
+
+    def __init__(self):
+        self.known: dict[tuple[int, ...], bool] = {}
+
+    def __contains__(self, candidates: tuple[int, ...]) -> bool:
+        found = self.known.get(candidates)
+        if found is None:
+            found = any(TABLE[i][0].fact in PROGRESS_FACTS for i in candidates)
+            if len(self.known) < MAX_MEMO:
+                self.known[candidates] = found
+        return found
+
+
+_MAY_PROGRESS = _MayProgress()
+
+
 def lasting(pattern: Pattern) -> bool:
     """Whether a match of the pattern changes more than what the next progress clears (error events, traceback
     areas, the driver's failure): facts, limitations, residual noise, phase markers."""
@@ -143,6 +165,17 @@ def metrics_match(raw: bytes, step: re.Match[bytes] | None | object = _NO_MATCH_
         if match and int(match.group(1)) > 0:
             return match
     return None
+
+
+def _kept_metrics(rest: str | bytes) -> str | bytes | dict[str, float]:
+    """What metrics_head keeps of a step's metrics: the text, parsed only when decided (`head_metrics`), or parsed
+    now when long (memory stays flat: no 250 raw giant lines)."""
+    return rest if len(rest) <= MAX_RAW_METRICS else parse_metrics(_text(rest))
+
+
+def head_metrics(value: str | bytes | dict[str, float]) -> dict[str, float]:
+    """A metrics_head value as metrics."""
+    return value if isinstance(value, dict) else parse_metrics(_text(value))
 
 
 def _head(text: str) -> str:
@@ -177,7 +210,8 @@ class Evidence:
         self.reached = 0  # index of the furthest phase reached
         self.max_step = 0
         self.progress_seq = 0  # seq of the last evidence that training went on (a new step, completion markers)
-        self.metrics_head: dict[int, dict[str, float]] = {}
+        # step -> its metrics: the text after `step:N - `, parsed when decided (a step logged again replaces it)
+        self.metrics_head: dict[int, str | bytes | dict[str, float]] = {}
         self.metrics_tail: deque[tuple[int, str | bytes]] = deque(maxlen=METRICS_TAIL_STEPS)
         self.metrics_dropped = 0
         self.nan_findings: list[str] = []
@@ -238,9 +272,15 @@ class Evidence:
         feed_bytes drops the line's non-fact candidates, or the whole line): a residual-noise line, a missing
         extension not noted yet from a line without facts, a line that goes on training and holds error
         candidates (its events outlive that progress). Other lines differ only in what the next progress clears."""
-        kinds = {TABLE[i][0].kind for i in candidates}
+        kinds = _KINDS.get(candidates)
+        if kinds is None:
+            kinds = frozenset(TABLE[i][0].kind for i in candidates)
+            if len(_KINDS) < MAX_MEMO:
+                _KINDS[candidates] = kinds
         if "noise" in kinds and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             return True
+        if b"No module" not in raw and b"step:" not in raw and candidates not in _MAY_PROGRESS:
+            return False  # what follows needs a missing module, a progress fact or a step line
         lines = None
         if kinds.isdisjoint(LATE_KINDS) and b"No module" in raw and b"(raylet)" not in raw and b"step:" not in raw:
             if len(self.missing_ext) >= 20:
@@ -314,15 +354,14 @@ class Evidence:
             self.noise_after_last_step = []
         self.last_step_line = run.raw(count - 1)
         head, tail = self.metrics_head, self.metrics_tail
-        parsed: dict[int, dict[str, float]] = {}
-        for i in range(min(count, max(0, METRICS_HEAD_STEPS - len(head)))):
-            head[steps[i]] = parsed[i] = parse_metrics(run.rest(i).decode("utf-8", "replace"))
-        if count > len(parsed):
-            self.metrics_dropped += max(0, len(tail) + count - len(parsed) - METRICS_TAIL_STEPS)
-            tail.extend((steps[i], run.rest(i)) for i in range(max(len(parsed), count - METRICS_TAIL_STEPS), count))
+        taken = min(count, max(0, METRICS_HEAD_STEPS - len(head)))
+        for i in range(taken):
+            head[steps[i]] = _kept_metrics(run.rest(i))
+        if count > taken:
+            self.metrics_dropped += max(0, len(tail) + count - taken - METRICS_TAIL_STEPS)
+            tail.extend((steps[i], run.rest(i)) for i in range(max(taken, count - METRICS_TAIL_STEPS), count))
         for i in run.nonfinite:
-            metrics = parsed[i] if i in parsed else parse_metrics(run.rest(i).decode("utf-8", "replace"))
-            self._check_finite(steps[i], metrics)
+            self._check_finite(steps[i], parse_metrics(run.rest(i).decode("utf-8", "replace")))
 
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1
@@ -463,16 +502,15 @@ class Evidence:
             self.noise_after_last_step = []
         self.last_step_line = raw
         head = self.metrics_head
-        metrics = None
         if step in head or len(head) < METRICS_HEAD_STEPS:
-            metrics = head[step] = parse_metrics(rest.decode("utf-8", "replace"))
+            head[step] = _kept_metrics(rest)
         else:
             tail = self.metrics_tail
             if len(tail) == METRICS_TAIL_STEPS:
                 self.metrics_dropped += 1
             tail.append((step, rest))
         if not finite and (b"nan" in rest or b"inf" in rest):
-            self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
+            self._check_finite(step, parse_metrics(rest.decode("utf-8", "replace")))
 
     def _advance(self, phase: str, load: bool = False) -> None:
         """The run is in `phase` now. `load`: a checkpoint load (resume), which before the first step proves the
@@ -489,7 +527,7 @@ class Evidence:
         if step == 0:  # validation before training: metrics only
             if self.max_step == 0 and self.reached < ROLLOUT_UP:
                 self._advance("rollout-up")  # it generated with the rollout: the models were built, the rollout up
-            self.metrics_head.setdefault(0, parse_metrics(_text(rest)))
+            self.metrics_head.setdefault(0, _kept_metrics(rest))
             self.key_lines.setdefault("validation", _shorten(_text(text), 240))
             return
         if isinstance(rest, str) and rest and "training/global_step" not in rest and rest.count(":") < 2 \
@@ -504,9 +542,8 @@ class Evidence:
         self.phase = "training"
         self.noise_after_last_step = []
         self.last_step_line = text
-        metrics = None
         if step in self.metrics_head or len(self.metrics_head) < METRICS_HEAD_STEPS:
-            metrics = self.metrics_head[step] = parse_metrics(_text(rest))
+            self.metrics_head[step] = _kept_metrics(rest)
         else:
             if len(self.metrics_tail) == self.metrics_tail.maxlen:
                 self.metrics_dropped += 1
@@ -516,7 +553,7 @@ class Evidence:
         else:
             suspicious = "nan" in rest or "inf" in rest
         if suspicious:
-            self._check_finite(step, metrics if metrics is not None else parse_metrics(_text(rest)))
+            self._check_finite(step, parse_metrics(_text(rest)))
 
     def _check_finite(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -529,7 +566,8 @@ class Evidence:
         if fact == "vanilla":
             value = match.group(1).strip("'\"").capitalize()
             if value in ("True", "False"):
-                self.vanilla_values.append(value)
+                if value not in self.vanilla_values:  # decide asks which were shown: memory stays flat
+                    self.vanilla_values.append(value)
                 self.key_lines.setdefault("vanilla", _shorten(text, 240))
         elif fact in ("total_steps", "override_steps", "trace_steps", "config_steps"):
             source = {"total_steps": "printed", "override_steps": "override", "trace_steps": "trace",

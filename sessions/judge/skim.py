@@ -12,6 +12,9 @@ cleared anyway. When the log ends first (or a line whose lasting effect depends 
 skipped region grows past PENDING_LIMIT), the evidence goes back to its copy from the region's start and the region is
 read again exactly, every prefilter hit fed in order. Both ways feed Evidence the same lines `scan_file` yields, in
 the same chunks, so the verdict is the one of feeding every hit line (tests/test_judge_skim.py checks it).
+
+A skimmed line is fed with its lasting candidates only (LastingLines.lasting_only): what the error, ignore and
+traceback patterns would do is what the next progress clears or the exact re-read redoes.
 """
 
 from __future__ import annotations
@@ -19,8 +22,16 @@ from __future__ import annotations
 import os
 import re
 from bisect import bisect_left
+from itertools import repeat
 
-from sessions.judge.evidence import MAX_EVENTS, THREAD_HEADER, Evidence, lasting, metrics_match
+from sessions.judge.evidence import (
+    MAX_EVENTS,
+    PROGRESS_FACTS,
+    THREAD_HEADER,
+    Evidence,
+    lasting,
+    metrics_match,
+)
 from sessions.judge.literals import required_words
 from sessions.judge.logstream import (
     ANSI_BYTES_RE,
@@ -31,9 +42,8 @@ from sessions.judge.logstream import (
     last_bar_start,
     line_at,
     read_chunks,
-    step_match_in,
 )
-from sessions.judge.needles import DISPATCH, needles_of
+from sessions.judge.needles import DISPATCH, MAX_MEMO, needles_of
 from sessions.judge.patterns import PATTERNS
 from sessions.judge.record import PHASE_INDEX
 
@@ -46,14 +56,21 @@ WASTED_PER_BYTE = 300 / (1 << 20)  # lines looked at and not fed, per MiB, past 
 # Checked by Evidence._line in the normalised text, not through the pattern table. Like the table's dispatch (which
 # looks for literals in the raw line), this assumes an ANSI code never splits a word: "step" covers `step:`.
 TEXT_LITERALS = ("step", "No module", THREAD_HEADER)
+LITERAL_BASE = 64  # in the dense pass a condition literal reports its literal's index, the literal this + it
+BOTH_BASE = 128  # ... and a condition literal holding its literal this + the index (both at once)
+LOW_BITS = (1 << LITERAL_BASE) - 1
+# a required word looked for with the literal when this long (shorter ones, `pid`, `in`, `True`, are in most lines)
+TELLING_WORD = 6
 
 
 class LastingLines:
     """The prefilter hit lines of a chunk that may hold a lasting effect: a literal of a lasting pattern (the
     literals the table's dispatch looks for in the raw line) or of TEXT_LITERALS. Two ways, same lines: `dense`
-    (many hits the next progress clears, real logs' tracebacks and warnings): one pass for the lasting literals,
-    then the few lines found by a literal that holds no prefilter needle (tqdm's `Training Progress`) checked
-    against the prefilter; else one prefilter pass, its hit lines then checked for a lasting literal.
+    (many hits the next progress clears, real logs' tracebacks and warnings): one pass for the lasting literals
+    and their condition literals (a literal's line is located only where a condition literal of it is there too:
+    `Saving` with `heckpoint`), then the few lines found by a literal that holds no prefilter needle (tqdm's
+    `Training Progress`) checked against the prefilter; else one prefilter pass, its hit lines then checked for a
+    lasting literal.
 
     The dense way also tells which literals each line holds: `may_last` then drops the lines no lasting pattern
     can match (the words its regex requires are missing: a config dump's `'checkpoint': {...}` is no `Saving
@@ -71,13 +88,21 @@ class LastingLines:
             lit for lit in literals if lit.decode() not in TEXT_LITERALS)  # the frequent ones first
         # per literal: what a line holding it may match (a pattern: its needles and required words; TEXT_LITERALS)
         self.conditions: list[list] = []
-        for literal in kept:
+        # ... and, for the dense pass, a literal per way a condition can hold (id: the literal's index) that every
+        # line meeting it holds: a required word (`Saving` for `[Ss]aving checkpoint to`), a needle, `step:`, `._`;
+        # a line holding a literal is looked at only where one of that literal's expressions is in it too (see
+        # _by_literal). Literals, not `Saving.*checkpoint.*to`: Hyperscan compiles those ~30x faster (process start)
+        expressions: list[tuple[bytes, bool, int]] = []
+        for index, literal in enumerate(kept):
             conditions: list = [text for text in TEXT_LITERALS if literal in text]
+            for text in conditions:
+                expressions.extend((expression, False, index) for expression in TEXT_EXPRESSIONS[text])
             for p in PATTERNS:
                 needles = needles_of(p)
                 if lasting(p) and any(literal in n for n in needles):
                     words = required_words(p.regex)
                     caseless = bool(re.compile(p.regex).flags & re.IGNORECASE)
+                    expressions.extend((e, c, index) for e, c in _telling(literal, needles, words, caseless))
                     # the line holds `literal`: a pattern needing just that is a candidate (no needle to look for)
                     unknown = () if literal in needles else tuple(n.encode() for n in needles)
                     if words is not None:  # words apart from the literal first: they decide soonest
@@ -87,10 +112,35 @@ class LastingLines:
                                       for alt in words)
                     conditions.append((unknown, caseless, words))
             self.conditions.append(conditions)
+        self.kept = literals
+        assert len(literals) <= LITERAL_BASE and BOTH_BASE + len(literals) <= 0xFF, "ids in _by_literal's byte"
+        self.sure_mask = sum(1 << i for i, certain in enumerate(self.sure) if certain)
+        # a case-sensitive condition literal that holds its literal reports both (BOTH_BASE + index); a literal
+        # is reported by itself only where one of its condition literals does not hold it (`Saving`)
+        both = [(e, c, BOTH_BASE + i if not c and literals[i] in e else i) for e, c, i in expressions]
+        alone = {i for _, _, i in both if i < LITERAL_BASE}
+        expressions = both + [(literal, False, LITERAL_BASE + i) for i, literal in enumerate(literals) if i in alone]
+        self._lasting_only: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self.expressions = _expression_database(expressions)
+
+    def lasting_only(self, candidates: tuple[int, ...]) -> tuple[int, ...]:
+        """The candidates a skimmed line is fed with: its lasting patterns (what the others do, error events,
+        traceback areas, the driver's failure, the next progress clears or the exact re-read redoes), all of them
+        where one may go on training (an error after that progress in the line outlives it)."""
+        kept = self._lasting_only.get(candidates)
+        if kept is None:
+            if any(PATTERNS[i].fact in PROGRESS_FACTS for i in candidates):
+                kept = candidates
+            else:
+                kept = tuple(i for i in candidates if lasting(PATTERNS[i]))
+            if len(self._lasting_only) < MAX_MEMO:
+                self._lasting_only[candidates] = kept
+        return kept
 
     @property
     def available(self) -> bool:
-        return self.literals.database is not None and self.prefilter.database is not None
+        return (self.literals.database is not None and self.prefilter.database is not None
+                and self.expressions is not None)
 
     def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], list[int] | None, int]:
         """Dense: (sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, the literals
@@ -116,28 +166,43 @@ class LastingLines:
         return False
 
     def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
-        """Starts of the lines holding a lasting literal, their literal masks, those holding only unsure ones."""
+        """Starts of the lines holding a lasting literal and one of its condition literals, their literal masks
+        (only such literals: may_last gives the same answer, the others' conditions cannot hold), those holding
+        only unsure ones. One Hyperscan pass for both kinds (a literal reports LITERAL_BASE + its index): a config
+        dump's `'checkpoint': {...}` is located but never looked at."""
         found: list[int] = []
-        self.literals.database.scan(memoryview(buf)[:cut],
-                                    match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
+        self.expressions.scan(memoryview(buf)[:cut],
+                              match_event_handler=lambda i, _f, to, _fl, _c: found.append(to << 8 | i))
         starts: list[int] = []
         masks: list[int] = []
         unsure: list[int] = []
-        rfind, find, sure = buf.rfind, buf.find, self.sure
+        rfind, find, base, sure = buf.rfind, buf.find, LITERAL_BASE, self.sure_mask
+        both, low_bits = BOTH_BASE, LOW_BITS
         line_end = -1
-        for code in found:  # in end-offset order: later hits in the line just added only add to its mask
-            to, i = code >> 8, code & 0xFF
+        bits = start = 0
+        for code in found:  # in end-offset order: a literal ends in the line it starts in
+            to = code >> 8
             if to <= line_end:
-                masks[-1] |= 1 << i
-                if sure[i] and unsure and unsure[-1] == starts[-1]:
-                    unsure.pop()
+                bits |= 1 << (code & 0xFF)
                 continue
-            starts.append(rfind(b"\n", 0, to) + 1)
-            masks.append(1 << i)
-            if not sure[i]:
-                unsure.append(starts[-1])
+            if bits:
+                mask = (bits >> base & bits | bits >> both) & low_bits  # a literal and a condition literal of it
+                if mask:
+                    starts.append(start)
+                    masks.append(mask)
+                    if not mask & sure:
+                        unsure.append(start)
+            start = rfind(b"\n", 0, to) + 1
             end = find(b"\n", to, cut)
             line_end = cut if end == -1 else end
+            bits = 1 << (code & 0xFF)
+        if bits:
+            mask = (bits >> base & bits | bits >> both) & low_bits
+            if mask:
+                starts.append(start)
+                masks.append(mask)
+                if not mask & sure:
+                    unsure.append(start)
         return starts, masks, unsure
 
     def may_last(self, raw: bytes, mask: int, evidence: Evidence) -> bool:
@@ -180,8 +245,53 @@ class LastingLines:
 
 
 THREAD_BYTES = THREAD_HEADER.encode()
+JOINABLE_START = re.compile(rb"[^\x1b+\[]")  # a next line's first byte other than CONTINUATION_NEVER's
+# step_match_in as one search: the first `step:` not after [A-Za-z0-9_/] that `step:N - ` follows (the lookbehind
+# after the literal: the regex engine's literal-prefix scan finds the candidates); the line's start follows a newline
+STEP_SEARCH = re.compile(rb"step:(?<![\w/]step:)(\d+)\s+-\s+")
 CODE_AFTER_STEP = (b"step\x1b", b"step[", b"step^[")  # an ANSI code (or its residue) right after `step`
+# what a line meeting a TEXT_LITERALS condition of may_last holds: `step:` (or `step` and a code), `._` (a missing
+# compiled extension, _new_extension), the thread header
+TEXT_EXPRESSIONS = {"step": (b"step:", *CODE_AFTER_STEP), "No module": (b"._",), THREAD_HEADER: (THREAD_BYTES,)}
 EXTENSION_BYTES_RE = re.compile(rb"No module named '(?:\w+\.)+(_\w+)'")
+
+
+def _telling(literal: str, needles: tuple[str, ...], words, caseless: bool) -> list[tuple[bytes, bool]]:
+    """(literal, caseless) pairs one of which every line meeting may_last's condition for a pattern holds, besides
+    `literal`: its needles when the condition needs one (`Found checkpoint`), else per alternative of its required
+    words the longest word of 6+ characters apart from the literal (`Saving`), else the longest holding it
+    (`total_training_steps` for `step`), else the literal itself."""
+    if literal not in needles:
+        return [(n.encode(), False) for n in needles]
+    if words is None:
+        return [(literal.encode(), False)]
+    lit = literal.lower() if caseless else literal
+    out = []
+    for alt in words:
+        apart = [w for w in alt if len(w) >= TELLING_WORD and w not in lit and lit not in w]
+        holding = [w for w in alt if lit in w]
+        word = max(apart or holding, key=len) if apart or holding else None
+        out.append((word.encode(), caseless) if word else (literal.encode(), False))
+    return out
+
+
+def _finite(ends: list[int], lo: int, hi: int) -> bool:
+    """No `nan`/`inf` whose match ends in `ends` inside [lo, hi)."""
+    i = bisect_left(ends, lo + 3)  # a match ending there or later starts inside
+    return i == len(ends) or ends[i] > hi
+
+
+def _expression_database(expressions: list[tuple[bytes, bool, int]]):
+    """A block-mode Hyperscan database of (literal, caseless, id), or None where hyperscan is not installed."""
+    try:
+        import hyperscan
+    except ImportError:
+        return None
+    database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    database.compile(expressions=[re.escape(e) for e, _, _ in expressions], ids=[i for _, _, i in expressions],
+                     elements=len(expressions),
+                     flags=[hyperscan.HS_FLAG_CASELESS if caseless else 0 for _, caseless, _ in expressions])
+    return database
 
 
 def _uncoloured(raw: bytes) -> bytes:
@@ -342,9 +452,13 @@ class Skim:
                 continue
             if THREAD_BYTES in line:  # after it the skipped lines may matter for good (Evidence.skimmable)
                 return start, False
-            cands = DISPATCH.candidates(line)
-            if match is None and self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
-                return start, False
+            if match is None:
+                cands = DISPATCH.candidates(line)
+                if self._bound(buf, start) >= MAX_EVENTS and ev.storm_sensitive(line, cands):
+                    return start, False
+                cands = self.lasting.lasting_only(cands)
+            else:  # a metrics line not past the highest step: feed_bytes takes it without candidates
+                cands = ()
             if self.saved is None:
                 self.saved = ev.snapshot()
             progress = ev.progress_count
@@ -357,42 +471,59 @@ class Skim:
                      bar: int | None) -> tuple[int, int]:
         """Feed at once the candidates from `index` on that are plain metrics lines going on training (what
         _skim's first branch takes, one step past the other, before the bar line): a long run's metrics lines,
-        looked at in the chunk without copying them. -> (index of the first candidate not taken, offset after
-        the last taken)."""
+        looked at in the chunk without copying them, a batch at a time (each test one C-level map over the
+        batch; the batch doubles while every line passes). -> (index of the first candidate not taken, offset
+        after the last taken)."""
         find, last = buf.find, self.ev.max_step
         run = MetricsRun(buf)
         stop = cut if bar is None else bar
-        while index < len(candidates):
-            start = candidates[index]
-            end = find(b"\n", start, cut)
-            # not the chunk's last line, and a next line no continuation starts so: line_at would not join it
-            if start >= stop or end == -1 or end + 1 >= cut or buf[end + 1] not in CONTINUATION_NEVER:
+        limit = bisect_left(candidates, stop, index)  # the candidates starting before the bar line
+        size = 8
+        while index < limit:
+            starts = candidates[index : min(limit, index + size)]
+            ends = list(map(find, repeat(b"\n"), starts, repeat(cut)))
+            # not the chunk's last line (a line ends, and a next one follows in the chunk)
+            n = next((j for j, end in enumerate(ends) if end == -1 or end + 1 >= cut), len(ends))
+            # a next line no continuation starts so: line_at would not join it
+            nexts = bytes(map(buf.__getitem__, map((1).__add__, ends[:n])))
+            joinable = JOINABLE_START.search(nexts)
+            n = n if joinable is None else joinable.start()
+            starts, ends = starts[:n], ends[:n]
+            returns = map(find, repeat(b"\r"), starts, ends)  # metrics_match: no tqdm redraw ...
+            globals_ = map(find, repeat(b"training/global_step"), starts, ends)  # ... the global step ...
+            matches = map(STEP_SEARCH.search, repeat(buf), starts, ends)  # ... and `step:N - `
+            nonfinite = self._nonfinite(buf, cut)
+            taken = 0
+            for start, end, cr, glob, match in zip(starts, ends, returns, globals_, matches, strict=False):
+                if cr != -1 or glob == -1 or match is None:
+                    break
+                step = int(match.group(1))
+                if step <= last:
+                    break
+                if nonfinite and not _finite(nonfinite, match.end(), end):
+                    run.nonfinite.append(len(run.steps))
+                run.add(start, match.end(), end, step)
+                last, pos = step, end + 1
+                taken += 1
+            index += taken
+            if taken < size:
                 break
-            if find(b"\r", start, end) != -1 or find(b"training/global_step", start, end) == -1:
-                break  # metrics_match
-            match = step_match_in(buf, start, end)
-            if match is None:
-                break
-            step = int(match.group(1))
-            if step <= last:
-                break
-            if not self._finite(buf, cut, match.end(), end):
-                run.nonfinite.append(len(run.steps))
-            run.add(start, match.end(), end, step)
-            last, pos, index = step, end + 1, index + 1
+            size = min(size * 2, 4096)
         if run.steps:
             self.ev.feed_metrics_run(run)
         return index, pos
 
-    def _finite(self, buf, cut: int, lo: int, hi: int) -> bool:
-        """No `nan`/`inf` in buf[lo:hi] (a line's metrics): looked up in one search of the chunk for both."""
+    def _nonfinite(self, buf, cut: int) -> list[int]:
+        """The ends of this chunk's `nan` and `inf` (one search of the chunk for both, when first asked)."""
         if self.nonfinite is None:
             ends: list[int] = []
             NONFINITE.scan(memoryview(buf)[:cut], match_event_handler=lambda _i, _f, to, _fl, _c: ends.append(to))
             self.nonfinite = ends
-        ends = self.nonfinite
-        i = bisect_left(ends, lo + 3)  # a match ending there or later starts inside
-        return i == len(ends) or ends[i] > hi
+        return self.nonfinite
+
+    def _finite(self, buf, cut: int, lo: int, hi: int) -> bool:
+        """No `nan`/`inf` in buf[lo:hi] (a line's metrics)."""
+        return _finite(self._nonfinite(buf, cut), lo, hi)
 
     def _new_region(self, start: int) -> None:
         """A progress: nothing skipped before `start` matters any more."""
