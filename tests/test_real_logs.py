@@ -2,7 +2,12 @@
 judged by `invoke judge`'s engine and compared with that folder's INDEX.tsv (`a|b`: either is right).
 
 The folder is the development set (it may grow); the files stay there, outside the project. The test fails below
-95 % right results or 90 % right categories, and prints every miss with the line the index says decides it.
+95 % right results or 93 % right categories, and prints every miss with the line the index says decides it.
+
+One kind of miss is a disagreement of rules, not an error of the engine, and is counted apart (and printed): the
+index labels excerpts by the health of what they show, so a public paste cut after step N of a planned M (no error
+line) is `pass`; issue 25 says a run never Passes while the log shows a planned total it did not reach. The engine
+follows the issue; those logs are "rule conflicts" and do not count against the floor.
 """
 
 from __future__ import annotations
@@ -38,12 +43,25 @@ def accepted(cell: str) -> set[str]:
     return {part.strip().lower() for part in cell.split("|") if part.strip()}
 
 
+UNREACHED_TOTAL = re.compile(r"^no exception line in the log; it ends after step \d+ of \d+")
+
+
+def rule_conflict(row: dict[str, str], verdict) -> bool:
+    """A pass-labelled excerpt the engine fails only because it ends below the planned total the log shows."""
+    return accepted(row["expected_result"]) == {"pass"} and verdict.result == "Fail" and \
+        bool(UNREACHED_TOTAL.match(verdict.first_error or ""))
+
+
 def judge_real_logs() -> tuple[list[str], int, int, int, list[str]]:
-    """(misses, right results, right categories, logs judged, false passes)."""
-    misses, results_ok, categories_ok, false_pass = [], 0, 0, []
+    """(misses, right results, right categories, logs judged less rule conflicts, false passes)."""
+    misses, results_ok, categories_ok, false_pass, conflicts = [], 0, 0, [], 0
     rows = index_rows()
     for row in rows:
         verdict = judge_log(REAL_LOGS / row["file"])
+        if rule_conflict(row, verdict):
+            conflicts += 1
+            misses.append(f"{row['file']}: RULE CONFLICT (index pass; {verdict.first_error})")
+            continue
         result_ok = verdict.result.lower() in accepted(row["expected_result"])
         category_ok = verdict.category in accepted(row["category"])
         if verdict.result == "Pass" and "pass" not in accepted(row["expected_result"]):
@@ -55,7 +73,7 @@ def judge_real_logs() -> tuple[list[str], int, int, int, list[str]]:
                 f"{row['file']}: got {verdict.result}/{verdict.category} (first error: {verdict.first_error}), "
                 f"index {row['expected_result']}/{row['category']}; deciding line: {row['proof_line'][:200]}"
             )
-    return misses, results_ok, categories_ok, len(rows), false_pass
+    return misses, results_ok, categories_ok, len(rows) - conflicts, false_pass
 
 
 def test_real_logs_match_their_index():
@@ -63,8 +81,8 @@ def test_real_logs_match_their_index():
     files = {row["file"] for row in index_rows()}
     on_disk = {p.name for p in REAL_LOGS.glob("*.log")}
     assert on_disk <= files, f"logs without an INDEX.tsv row: {sorted(on_disk - files)}"
-    print(f"\nreal logs: results {results_ok}/{total} ({results_ok / total:.1%}), "
-          f"categories {categories_ok}/{total} ({categories_ok / total:.1%})")
+    print(f"\nreal logs less {len(files) - total} rule conflicts: results {results_ok}/{total} "
+          f"({results_ok / total:.1%}), categories {categories_ok}/{total} ({categories_ok / total:.1%})")
     for miss in misses:
         print("MISS", miss)
     assert not false_pass, f"false Pass: {false_pass}"

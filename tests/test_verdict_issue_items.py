@@ -110,13 +110,14 @@ def test_judge_of_an_empty_log_is_a_fail_that_says_so_in_one_line(tmp_path, caps
 
 
 def test_a_real_log_with_a_few_nul_bytes_is_a_text_log(tmp_path, capsys):
-    """68 holds two NUL bytes a worker printed: judged (Pass), not refused, and no 'not a text log' note."""
+    """68 holds two NUL bytes a worker printed: judged, not refused, and no 'not a text log' note."""
     path = real_logs() / "68_pass_fsdp_ppo_benign_worker_traceback_then_steps0_18.log"
     assert b"\x00" in path.read_bytes()
     verdict = judge_log(path)
-    assert verdict.result == "Pass" and not any("not a text log" in item for item in verdict.limitations)
-    assert judge_command(str(path)) == 0
-    assert "error:" not in capsys.readouterr().out
+    # read as text: its 18 steps are there (it ends below verl's planned total, 29 x 15: not a Pass, not binary)
+    assert verdict.steps_completed == 18 and not any("not a text log" in item for item in verdict.limitations)
+    assert judge_command(str(path)) == 1  # judged (Fail: it ends after step 18 of 29 x 15), not refused (2)
+    assert not capsys.readouterr().out.startswith("error:")
 
 
 @pytest.mark.parametrize("magic", [b"\x7fELF", b"\xcf\xfa\xed\xfe", b"MZ", b"PK\x03\x04", b"\x1f\x8b"])
@@ -124,3 +125,24 @@ def test_an_executable_or_archive_is_refused_whatever_text_it_holds(tmp_path, ma
     path = tmp_path / "a.bin"
     path.write_bytes(magic + b"\x00\x01" + b"RuntimeError: boom\n" * 50)
     assert judge_command(str(path)) == 2
+
+
+def _epoch_log(last_step: int, first_step: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+    """An old-style log: verl prints its dataloader size; the epochs are on the command line (no total printed)."""
+    lines = ["+ python3 -m verl.trainer.main_ppo trainer.total_epochs=15 trainer.n_gpus_per_node=2", *extra,
+             "(main_task pid=7) Size of train dataloader: 14", "(main_task pid=7) Size of val dataloader: 1"]
+    lines += [f"(main_task pid=7) step:{s} - critic/score/mean:0.5 - actor/pg_loss:0.1"
+              for s in range(first_step, last_step + 1)]
+    return lines
+
+
+def test_verl_s_own_planned_total_is_dataloader_size_times_epochs():
+    """verl (RayPPOTrainer._create_dataloader): total_training_steps = len(train_dataloader) * total_epochs unless
+    trainer.total_training_steps is set. A log ending at step 105 of that 210 with no error is not a Pass."""
+    cut = judge_lines(_epoch_log(105))
+    assert (cut.result, cut.steps_expected) == ("Fail", 210)
+    assert cut.first_error.startswith("no exception line in the log; it ends after step 105 of 210")
+    assert judge_lines(_epoch_log(210)).result == "Pass"
+    assert judge_lines(_epoch_log(209, first_step=0)).result == "Pass"  # releases that count steps from 0
+    explicit = judge_lines(_epoch_log(5, extra=("+ python3 -m verl.trainer.main_ppo trainer.total_training_steps=5",)))
+    assert (explicit.result, explicit.steps_expected) == ("Pass", 5)  # verl's override wins over the formula

@@ -344,7 +344,9 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     expected, expected_source = ev._expected_steps()
     done = max(ev.max_step, ev.wandb_step or 0)
     if expected:  # a complete bar counts when it covers the expected count
-        complete = done >= expected or (ev.bar_complete and ev.bar is not None and ev.bar[1] >= expected)
+        # an epochs-derived total: releases that count global steps from 0 log total - 1 as their last step
+        complete = done >= expected - (expected_source == "epochs") or (
+            ev.bar_complete and ev.bar is not None and ev.bar[1] >= expected)
     else:
         complete = done >= 1 or ev.bar_complete or ev.final_validation
     vanilla = None

@@ -216,6 +216,7 @@ class Evidence:
         self.metrics_dropped = 0
         self.nan_findings: list[str] = []
         self.expected: dict[str, int] = {}  # source ("printed", "override", "trace", "bar") -> steps
+        self.epoch_plan: dict[str, int] = {}  # train dataloader "size", total_epochs by "override" / "config"
         self.bar: tuple[int, int] | None = None  # last Training Progress bar (n, total)
         self.bar_complete = False  # a bar at n == total
         self.final_validation = False
@@ -578,6 +579,12 @@ class Evidence:
             else:
                 self.expected.setdefault(source, int(match.group(1)))
             self.key_lines.setdefault(f"steps_{source}", _shorten(text, 240))
+        elif fact == "dataloader_size":
+            self.epoch_plan.setdefault("size", int(match.group(1)))
+        elif fact == "epochs_override":  # Hydra: the last override on the command line wins
+            self.epoch_plan["override"] = int(re.findall(r"trainer\.total_epochs=(\d+)", text)[-1])
+        elif fact == "epochs_config":
+            self.epoch_plan.setdefault("config", int(match.group(1)))
         elif fact == "adapter_header":
             self.adapter_header = True
         elif fact in ("adapter_total", "adapter_count", "adapter_pct") and self.adapter_header:
@@ -645,11 +652,15 @@ class Evidence:
     # -- read-only views (decide and the live status line use them) ------------------------------------------
     def _expected_steps(self) -> tuple[int | None, str]:
         """The planned total: `--steps`, else the largest total any line shows (printed `Total training steps`,
-        Hydra override, config dump, the wrapper's TOTAL_TRAIN_STEPS, a tqdm bar's N/M). A run that ends below a
-        planned total it printed did not finish (issue 25.2)."""
+        Hydra override, config dump, the wrapper's TOTAL_TRAIN_STEPS, a tqdm bar's N/M; with none of the explicit
+        ones, verl's own formula: train dataloader size x total_epochs). A run that ends below a planned total it
+        printed did not finish (issue 25.2)."""
         if self.steps_expected_arg is not None:
             return self.steps_expected_arg, "given"
         shown = [(self.expected[s], s) for s in ("printed", "override", "trace", "config") if s in self.expected]
+        epochs = self.epoch_plan.get("override", self.epoch_plan.get("config"))
+        if not shown and epochs and self.epoch_plan.get("size"):  # verl's total when total_training_steps is unset
+            shown.append((self.epoch_plan["size"] * epochs, "epochs"))
         if self.bar_total is not None:
             shown.append((self.bar_total, "bar"))
         if not shown:

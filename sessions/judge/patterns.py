@@ -35,7 +35,8 @@ SCAN_NEEDLES = (
     "VISIBLE_DEVICES", "available GPUs", "No space", "KeyboardInterrupt", "NaN", "LORA", "LLM engine",
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
-    "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.",
+    "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.", "total_epochs",
+    "train dataloader",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -223,6 +224,13 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("steps-config", "total_training_steps",
        r"total_training_steps(?<![\w.]total_training_steps)['\"]?\s*[:=]\s*(\d+)", "fact",
        fact="config_steps", covered_by="step"),
+    # verl's own planned total when trainer.total_training_steps is unset: len(train_dataloader) * total_epochs
+    # (RayPPOTrainer._create_dataloader prints the size; the epochs come from an override or the config dump)
+    _p("dataloader-size", "Size of train dataloader", r"Size of train dataloader:\s*(\d+)", "fact",
+       fact="dataloader_size"),
+    _p("epochs-override", "total_epochs", r"trainer\.total_epochs=(\d+)", "fact", fact="epochs_override"),
+    _p("epochs-config", "total_epochs", r"total_epochs(?<![\w.]total_epochs)['\"]?\s*[:=]\s*(\d+)", "fact",
+       fact="epochs_config"),
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
        fact="trace_steps", covered_by="TRAIN_STEPS"),
     _p("adapter-header", "PEFT Adapter Information", r"PEFT Adapter Information", "fact", fact="adapter_header",
