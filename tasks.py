@@ -10,7 +10,7 @@ from env.protocol.invoke_parse_hook import install as _install_invoke_hooks
 _install_invoke_hooks()  # first: Ctrl-C while the rest loads is `interrupted`, exit 130
 
 from env.protocol.flags import Flag, FlagTable, declare  # noqa: E402
-from sessions.run.level import make_level_task  # noqa: E402
+from sessions.run.level_task import make_level_task  # noqa: E402
 
 # One task per coverage level; they differ only by their preset row and flags (env/presets.py, sessions/run/level.py).
 level0 = make_level_task(0)
@@ -218,7 +218,7 @@ def slurm_logs(c, job, log_dir, follow):
 
 
 def _plan_table() -> FlagTable:
-    from sessions.run.level import LEVEL_FLAGS
+    from sessions.run.level_task import LEVEL_FLAGS
 
     forwarded = tuple(Flag(f.name, f.default, f"passed to each level: {f.help}", kind=f.kind, minimum=f.minimum,
                            maximum=f.maximum, choices=f.choices, nonempty=f.nonempty, forward=True)

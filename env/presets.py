@@ -202,6 +202,8 @@ def parallel_size(env: dict[str, str]) -> int:
 # -- which code paths of verl a level's run takes (preflight gates a dependency only where the path needs it) -------
 
 CHECKPOINT_KEYS = {"trainer.save_freq": "-1", "trainer.resume_mode": "disable"}  # Hydra key -> "off" value
+# Level 4's features (`--feature`; the planner's Level 4 reasons use the same names)
+FEATURES = ("vlm", "moe", "mtp", "qat", "quantized", "custom-layer")
 QAT_FEATURES = ("qat", "quantized")
 
 

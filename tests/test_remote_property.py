@@ -83,8 +83,9 @@ def sync(host: RemoteHost, local: Path, remote: Path, force: bool = False):
 
 # 20 examples of two or three syncs over ssh: 46 s on an idle machine, over 300 s beside a second .ci/run on two
 # cores (seen); the bound is for a hang, not for load. derandomize: the same 20 examples every run — two loaded runs
-# drew examples (a file the first sync added, deleted on the remote, not refused) that passed when re-run:
-# an intermittent sync defect, named in the closing note, not yet found; a fixed draw keeps CI's answer reproducible
+# drew examples (a file the first sync added, deleted on the remote, not refused): the finished sync's pre-sync
+# states excused that deletion — fixed (the manifest is marked complete after rsync; test_remote_sync.py has the
+# case). Why those draws passed when re-run was not established; a fixed draw keeps CI's answer reproducible
 @pytest.mark.timeout(1200)
 @settings(max_examples=20, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])

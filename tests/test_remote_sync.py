@@ -201,3 +201,17 @@ def test_a_sync_interrupted_before_rsync_is_not_a_conflict_next_time(trees, monk
     write(trees.bridge / "src/megatron/bridge/models/provider.py", "second attempt\n")
     assert trees.sync() == 0, trees.err
     assert (trees.r_bridge / "src/megatron/bridge/models/provider.py").read_text() == "second attempt\n"
+
+
+def test_a_file_the_last_sync_added_then_deleted_remotely_is_a_conflict(trees):
+    """Found by the sync property test (an intermittent draw): a finished sync's pre-sync states must not excuse a
+    remote edit. The last sync added the file; someone deleted it there: refused, not silently written back."""
+    write(trees.bridge / "src/megatron/bridge/models/new_provider.py", "added locally\n")
+    assert trees.sync() == 0, trees.err
+    remote = trees.r_bridge / "src/megatron/bridge/models/new_provider.py"
+    assert remote.read_text() == "added locally\n"
+    assert json.loads((trees.r_bridge / ".git/verl-e2e-sync.json").read_text())["complete"] is True
+    remote.unlink()
+    assert trees.sync() == 2
+    assert "src/megatron/bridge/models/new_provider.py" in trees.err and "--force" in trees.err
+    assert not remote.exists()  # nothing written

@@ -139,7 +139,19 @@ def _write_manifest(root, manifest):
     os.replace(manifest_path + ".tmp", manifest_path)
 
 
-COMMANDS = {"probe": probe, "prepare": prepare, "checkout": checkout}
+def complete(request):
+    """After rsync wrote every change: the manifest says the sync finished, so its "previous" states no longer
+    excuse anything (a file the sync added and someone then deleted there is their edit, not an unfinished sync)."""
+    for root in request["roots"]:
+        manifest_path = os.path.join(_git_dir(os.path.abspath(os.path.expanduser(root))), MANIFEST_NAME)
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+        manifest["complete"] = True
+        _write_manifest(os.path.abspath(os.path.expanduser(root)), manifest)
+    return {"ok": True}
+
+
+COMMANDS = {"probe": probe, "prepare": prepare, "checkout": checkout, "complete": complete}
 
 
 def main():

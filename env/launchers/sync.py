@@ -125,7 +125,8 @@ class TreePlan:
 
     def manifest(self) -> dict[str, Any]:
         # Written before rsync runs (one round trip less); "previous" keeps an interrupted sync from turning
-        # into false conflicts: a path still in its pre-sync state is ours to write again.
+        # into false conflicts: a path still in its pre-sync state is ours to write again. Marked "complete"
+        # after rsync (remote_helper.complete): then "previous" excuses nothing.
         previous = {p: self.remote_before.get(p) for p in self.writes + self.deletes}
         return {"version": MANIFEST_VERSION, "commit": self.tree.head, "files": self.tree.changes,
                 "previous": previous,
@@ -170,7 +171,9 @@ def plan_tree(tree: LocalTree, probe: dict[str, Any], *, force: bool, checkout: 
     else:
         manifest = probe.get("manifest") or {}
         if manifest.get("version") == MANIFEST_VERSION:
-            manifest_files, manifest_previous = manifest.get("files", {}), manifest.get("previous", {})
+            manifest_files = manifest.get("files", {})
+            # only an unfinished sync's pre-sync states excuse a difference (a finished one's are someone's edit)
+            manifest_previous = {} if manifest.get("complete") else manifest.get("previous", {})
         remote_state = dict(probe["states"])
         if probe["head"] != tree.head:
             if not checkout:
@@ -320,4 +323,5 @@ def apply_plan(host: RemoteHost, plan: SyncPlan, *, force: bool) -> SyncResult:
                                        "manifest": p.manifest()} for p in plan.trees]})
     for p in plan.trees:
         rsync_bytes += rsync_files(host, p.tree.local, p.remote_root, p.writes)
+    host.helper("complete", {"roots": [p.remote_root for p in plan.trees]})
     return SyncResult(plan, host.bytes_sent - sent_before + rsync_bytes)

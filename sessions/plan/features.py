@@ -22,11 +22,10 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from env.presets import FEATURES
 from sessions.plan import rules as plan_rules
 from sessions.plan.evidence import words_of
 from sessions.plan.index import BridgeIndex, Unit
-
-FEATURES = ("vlm", "moe", "mtp", "qat", "quantized", "custom-layer")
 
 # words of an identifier or a name-like string (split at '_', '.', case) that are facts of a feature
 FEATURE_WORDS: dict[str, tuple[str, ...]] = {

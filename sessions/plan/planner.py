@@ -207,7 +207,7 @@ def execute(plan: Plan, passthrough: list[str], remainder: list[str], keep_going
 # Level flags `plan` forwards to every level it runs (name → takes a value): those marked `forward` in the level
 # flag table (sessions/run/level.py), which also declares them as plan's own flags (tasks.py).
 def _passthrough() -> dict[str, bool]:
-    from sessions.run.level import LEVEL_FLAGS
+    from sessions.run.level_task import LEVEL_FLAGS
 
     return {f.name: f.takes_value for f in LEVEL_FLAGS if f.forward}
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from env.preflight.model_config import MOE_CONFIG_KEYS, expert_count
+from env.presets import FEATURES  # noqa: F401 - Level 4's features, re-exported for the level rules
 from sessions.judge.trace import (
     FSDP_KEY,
     TRACE_KEYS,
@@ -293,7 +294,6 @@ def megatron_fsdp(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutc
 
 # -- level 4: architecture-specific -------------------------------------------------------------------------------
 
-FEATURES = ("vlm", "moe", "mtp", "qat", "quantized", "custom-layer")
 
 
 def architecture_specific(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOutcome:
