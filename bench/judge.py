@@ -1,7 +1,7 @@
 """Benchmark: `invoke judge` on a 1 GiB verl log vs the procedure's grep, with the failure at the start, the middle
 and the end of the log.
 
-    /work/venv/bin/python bench/judge.py [--size-mib 1024 --dir /tmp --keep --placements start,middle,end,real,metrics]
+    /work/venv/bin/python bench/judge.py [--size-mib 1024 --dir /tmp --keep --placements start,middle,end,real,real-pass,metrics]
 
 For each placement it builds a realistic log in --dir (wrapper trace, Ray start, model build, training steps with
 vLLM, worker, tqdm and metrics lines, ANSI colours and `\\r` redraws; at the placement a CUDA OOM kills the run:
@@ -9,7 +9,8 @@ the worker's OOM line without a traceback header, the driver's Hydra/RayTaskErro
 chatter goes on until the file has its size), then measures in the same run, each in a fresh process:
 - ours: `invoke judge --log F --json` (process start included): wall, CPU (user+sys), peak RSS;
 - grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
-Two more placements: `real` (the shared real logs, repeated to the size) and `metrics` (a metrics line per step).
+Three more placements: `real` (the shared real logs, repeated to the size), `real-pass` (only the passing ones: a
+long healthy run's content) and `metrics` (a metrics line per step).
 It prints the figures, the ratios (target: <= 2x grep CPU and wall, <= 64 MiB RSS) and whether the verdict and the
 first error are the same in all three placements.
 """
@@ -104,9 +105,16 @@ def build_log(path: Path, size_mib: int, placement: str) -> int:
 REAL_LOGS = Path(os.environ.get("VERL_E2E_REAL_LOGS") or ROOT.parent / "shared" / "real-logs")
 
 
-def build_real(path: Path, size_mib: int) -> int:
-    """Real log content: the shared real logs (../shared/real-logs), concatenated and repeated to the size."""
+def build_real(path: Path, size_mib: int, passing_only: bool = False) -> int:
+    """Real log content: the shared real logs (../shared/real-logs), concatenated and repeated to the size.
+    passing_only: the logs INDEX.tsv labels `pass` only (what a long healthy run's log is made of: steps, vLLM and
+    worker lines, few tracebacks; the issue's own measurement was "real passing verl logs repeated")."""
     logs = sorted(REAL_LOGS.glob("*.log"))
+    if passing_only:
+        with open(REAL_LOGS / "INDEX.tsv", encoding="utf-8") as index:
+            rows = [line.split("\t") for line in index.read().splitlines()[1:]]
+        passing = {row[0] for row in rows if len(row) > 2 and row[2].strip().lower() == "pass"}
+        logs = [p for p in logs if p.name in passing]
     if not logs:
         raise SystemExit(f"error: no real logs in {REAL_LOGS} (set VERL_E2E_REAL_LOGS)")
     corpus = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in logs)
@@ -159,9 +167,9 @@ def main() -> int:
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
     parser.add_argument("--runs", type=int, default=2, help="runs of each command (the best is reported)")
-    parser.add_argument("--placements", default="start,middle,end,real,metrics",
+    parser.add_argument("--placements", default="start,middle,end,real,real-pass,metrics",
                         help="comma list of: start, middle, end (filler with an OOM), real (the shared real logs "
-                             "repeated), metrics (a metrics line per step)")
+                             "repeated), real-pass (only those labelled pass), metrics (a metrics line per step)")
     args = parser.parse_args()
     invoke = shutil.which("invoke", path=str(Path(sys.executable).parent)) or shutil.which("invoke")
     if not invoke:
@@ -173,8 +181,8 @@ def main() -> int:
     answers, ok, rows = {}, True, []
     for placement in args.placements.split(","):
         path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
-        if placement == "real":
-            trained = build_real(path, args.size_mib)
+        if placement in ("real", "real-pass"):
+            trained = build_real(path, args.size_mib, passing_only=placement == "real-pass")
         elif placement == "metrics":
             trained = build_metrics(path, args.size_mib)
         else:
