@@ -253,7 +253,8 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         served.append({"family": fam.name, "folder": fam.folder, "features": {
             f: fam.sites.by_feature[f][:3] for f in fam.features()},
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
-            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)})
+            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files),
+            "own": fam.folder == plan_features.folder_of(unit.file)})  # else it calls into another family's code
     return touched.by_feature, served
 
 

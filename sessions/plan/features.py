@@ -74,7 +74,8 @@ def _last_name(n: ast.AST) -> str | None:
 def is_layer_class(node: ast.ClassDef) -> bool:
     """A layer module of the family's own: derives from an attention/MLP/norm/linear/layer class, and is not a
     bridge, provider, config, mapping or model wrapper."""
-    if _hit(words_of(node.name), NOT_A_LAYER) and not _hit(words_of(node.name), ("attention", "mlp", "norm")):
+    words = words_of(node.name)
+    if words and words[-1] in NOT_A_LAYER:  # what it is, by its last word (`Step35DecoderLayer` is a layer)
         return False
     own_kind = _hit(words_of(node.name), LAYER_BASE_WORDS)
     for b in node.bases:
@@ -239,6 +240,10 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             unit = index.units[k]
             stack += [r for r in unit.refs if r in in_folder]
             stack += [b for b in unit.bases if b in in_folder]
+            for var in unit.var_refs:  # the module-level tables it reads (a layer spec table)
+                mod, _, name = var.rpartition(".")
+                info = index.modules.get(mod)
+                stack += [r for r in (info.table_refs.get(name, ()) if info else ()) if r in in_folder]
             if unit.kind == "class":
                 stack += list(unit.methods.values())
         for m in sorted({k.split(":", 1)[0] for k in fam.units}):  # the tables at module level its code uses
@@ -277,14 +282,61 @@ def _class_own(unit: Unit) -> list[ast.AST]:
 
 
 def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:
-    """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it)."""
+    """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it): the
+    bridges of its folder that reach it, and bridges of other model folders whose code calls into it (Gemma 4 VL
+    building Gemma 4's attention)."""
     folder = folder_of(unit.file)
     if folder is None:
         return []
-    if folder not in cache:
-        cache[folder] = families_in(index, folder)
     key = unit.cls if unit.kind == "method" and unit.cls else unit.key
-    hits = [f for f in cache[folder] if unit.key in f.units or key in f.units]
+    hits = [f for f in _families(index, folder, cache) if unit.key in f.units or key in f.units]
     if not hits and unit.kind == "module":
         hits = [f for f in cache[folder] if any(k.split(":", 1)[0] == unit.module for k in f.units)]
+    for bridge in _bridges_using(index, key):
+        other = folder_of(index.units[bridge].file)
+        if other and other != folder:
+            hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits]
     return hits
+
+
+def _families(index: BridgeIndex, folder: str, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:
+    if folder not in cache:
+        cache[folder] = families_in(index, folder)
+    return cache[folder]
+
+
+def _bridges_using(index: BridgeIndex, key: str) -> list[str]:
+    """Registered bridge classes of any model folder whose code reaches `key` through family code only (never
+    through shared code: that serves every family)."""
+    users = _users(index)
+    seen, stack, out = {key}, [key], []
+    while stack:
+        k = stack.pop()
+        for u in users.get(k, ()):
+            if u in seen or folder_of(index.units[u].file) is None:
+                continue
+            seen.add(u)
+            if is_bridge_class(index.units[u].node):
+                out.append(u)
+            stack.append(u)
+    return out
+
+
+def _users(index: BridgeIndex) -> dict[str, set[str]]:
+    """unit key → the units that reference it (a method: its class; a table's entries: who reads the table)."""
+    cached = getattr(index, "_users_cache", None)
+    if cached is not None and cached[0] == len(index.units):
+        return cached[1]
+    out: dict[str, set[str]] = {}
+    for u in list(index.units.values()):
+        for r in u.refs | set(u.bases):
+            out.setdefault(r, set()).add(u.key)
+        if u.kind == "method" and u.cls:
+            out.setdefault(u.key, set()).add(u.cls)
+        for var in u.var_refs:
+            mod, _, name = var.rpartition(".")
+            info = index.modules.get(mod)
+            for r in (info.table_refs.get(name, ()) if info else ()):
+                out.setdefault(r, set()).add(u.key)
+    index._users_cache = (len(index.units), out)
+    return out

@@ -143,6 +143,16 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
         dormant = unit.kind == "class" and key not in r.live
         for name in () if dormant else unit.attrs:
             use_attr(name, unit.key)
+        # a module-level table the unit reads (`falconh1_stack_spec`): what it names is built from it
+        for var in () if dormant or unit.kind == "module" else sorted(unit.var_refs):
+            mod, _, name = var.rpartition(".")
+            info = index.modules.get(mod)
+            for ref in sorted(info.table_refs.get(name, ())) if info else ():
+                target = index.unit(ref)
+                if target is not None:
+                    if target.kind == "class":
+                        make_live(ref, Step(key, f"named by the table {name} it reads"))
+                    visit(ref, Step(key, f"named by the table {name} it reads"))
         for ref in sorted(unit.deco_refs if dormant else unit.refs):
             target = index.unit(ref)
             if target is None:

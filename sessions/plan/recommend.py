@@ -254,7 +254,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
     A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
     VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
-    changed code is the family's own layer module or layer spec."""
+    changed code is the family's own layer module or layer spec. A family of another folder that reuses the code
+    (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
@@ -262,8 +263,9 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
-        take = dict(feats) if fam["new"] else {}
-        if "vlm" in feats:
+        own = fam.get("own", True)  # a family reusing another family's code: only that code's layer counts
+        take = dict(feats) if fam["new"] and own else {}
+        if "vlm" in feats and own:
             take["vlm"] = feats["vlm"]
         if fam["layer"]:
             take["custom-layer"] = feats.get("custom-layer") or ["its own layer code"]
@@ -310,6 +312,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
                 continue  # Level 4 comes from the families' features (involved_features)
             if rule.level == 1 and new_family_only:
                 continue  # a new family's own save/export hooks: every family has them; L1 is for changes to them
+            if rule.name == "dispatcher" and new_family_only:
+                continue  # a new provider's dispatcher setting: its EP run is a follow-up (the moe-ep-follow-up)
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
