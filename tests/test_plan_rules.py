@@ -11,7 +11,7 @@ import pytest
 
 from sessions.plan.planner import analyse, read_change, recommend
 from sessions.plan.render import render_text
-from tests.plan_fixtures import BRIDGE_BASE, B, bridge_history, edit, verl_checkout
+from tests.plan_fixtures import BRIDGE_BASE, VERL_FILES, B, bridge_history, edit, verl_checkout
 
 
 def plan_for(tmp_path, change, verl_files=None, base=None):
@@ -493,3 +493,88 @@ def test_new_field_verl_sets_counts_even_when_declared_off():
     surface = VerlSurface("verl", attributes={"moe_enable_routing_replay": "verl/x.py:1"})
     assert _fields_verl_names(unit, {3}, surface) == ["moe_enable_routing_replay"]
     assert _fields_verl_names(unit, {2}, surface) == []
+
+
+# ---------------------------------------------------------------- issue 26: what the changed lines read and run under
+
+
+def test_level2_from_what_the_lines_read_not_the_units_name(tmp_path):
+    # gather_from_tp_ranks: the changed line runs only past `if self.tp_size == 1: return` (L2d); the same
+    # function's early exit itself, which runs at TP=1, is no parallel change
+    past_exit = CASES["hf-export"][0]
+    assert "L2d" in levels(plan_for(tmp_path / "a", past_exit))
+    exit_line = "if self.tp_size == 1:  # the real mappings gather only across more than one rank\n"
+    at_exit = edit(MAPPING, exit_line + "    return weights", exit_line + "    return list(weights)")
+    assert levels(plan_for(tmp_path / "b", at_exit)) == ["L0", "L1"]
+    # a module used as a namespace reads no parallel size; a line moved unchanged reads nothing new
+    gpt = textwrap.dedent(BRIDGE_BASE[GPT])
+    spaced = {GPT: gpt.replace("import parallel_state", "import parallel_state, tensor_parallel").replace(
+        "return object()", "return tensor_parallel.ColumnParallelLinear()")}
+    assert levels(plan_for(tmp_path / "c", spaced)) == ["L0"]
+    base = {**BRIDGE_BASE, GPT: gpt.replace("        return self.build()",
+                                            "        self.tp = parallel_state.get_tp_size()\n        return self.build()")}
+    moved = {GPT: gpt.replace("        self.ready = True",
+                              "        self.ready = True\n        self.tp = parallel_state.get_tp_size()")}
+    assert levels(plan_for(tmp_path / "d", moved, base=base)) == ["L0"]
+
+
+def test_lines_that_run_only_for_experts_ask_for_the_moe_variant(tmp_path):
+    change = edit(LORA, "return module", "if module.is_expert:\n"
+                  "    module.pad = module.config.tensor_model_parallel_size\nreturn module")
+    plan = plan_for(tmp_path, change)
+    assert "L2m" in levels(plan) and "L2d" not in levels(plan)
+
+
+def test_imports_logging_and_classes_verl_never_builds_count_for_nothing(tmp_path):
+    only_import = edit(GPT, "from megatron.core import parallel_state",
+                       "from megatron.core import parallel_state\nimport warnings")
+    assert levels(plan_for(tmp_path / "a", only_import)) == []
+    logging_only = edit(GPT, "return self.build()", "logger.info('providing %s', self.ready)\nreturn self.build()")
+    assert levels(plan_for(tmp_path / "b", logging_only)) == ["L0"]
+    # a config dataclass in a module verl imports, never built by verl: its field is no verl path
+    unused = edit(B + "training/config.py", "class DistributedDataParallelConfig:",
+                  "class SchedulerConfig:\n    lr_decay_iters = 4\n\n\nclass DistributedDataParallelConfig:")
+    assert levels(plan_for(tmp_path / "c", unused)) == []
+
+
+def test_verl_branches_for_the_legacy_mbridge_are_no_verl_path(tmp_path):
+    from sessions.plan.verl_surface import read_surface
+
+    verl = verl_checkout(tmp_path, {**VERL_FILES, "verl/workers/legacy.py": textwrap.dedent("""
+        from megatron.bridge import AutoBridge
+
+
+        def load(bridge, provider, model):
+            if provider is None:
+                return bridge.get_model_legacy(model)
+            if self.vanilla_bridge:
+                bridge.save_weights_legacy(model)
+            else:
+                bridge.save_hf_weights(model)
+        """)})
+    attrs = read_surface(verl).attributes
+    assert "save_hf_weights" in attrs and "get_model_legacy" not in attrs and "save_weights_legacy" not in attrs
+
+
+def test_a_helper_only_feature_code_calls_serves_that_feature(tmp_path):
+    change = edit(AUTO, "def export_hf_weights(self, model):",
+                  "def _dequantize_blocks(self, model):\n    return self._unpack(model)\n\n"
+                  "def _unpack(self, model):\n    return model\n\n"
+                  "def export_hf_weights(self, model):\n    model = self._dequantize_blocks(model)")
+    plan = plan_for(tmp_path / "a", change)
+    unit = next(u for u in plan.units if u.name == "AutoBridge._unpack")
+    assert any("called only from quantized code" in f for f in unit.touched.get("quantized", []))
+
+
+def test_a_layer_spec_table_the_provider_reads_builds_its_layers(tmp_path):
+    # `QWEN3_SPEC = ModuleSpec(module=Qwen3GatedAttention)` at module level, read by the bridge: the layer it names
+    # is built, so its forward is verl's path and the family's own layer code; a constant nothing reads is not
+    base = _qwen_with_own_layers()
+    base[B + "models/qwen/qwen3_layers.py"] += "\n\nQWEN3_SPEC = ModuleSpec(module=Qwen3GatedAttention)\nUNUSED = 1\n"
+    base[QWEN] = base[QWEN].replace("import qwen3_layer_spec", "import QWEN3_SPEC").replace(
+        "provider.transformer_layer_spec = qwen3_layer_spec", "provider.transformer_layer_spec = QWEN3_SPEC")
+    layers = base[B + "models/qwen/qwen3_layers.py"]
+    change = {B + "models/qwen/qwen3_layers.py": layers.replace("out = hidden_states * 2", "out = hidden_states * 3")}
+    assert levels(plan_for(tmp_path / "a", change, base=base)) == ["L0", "L4:custom-layer"]
+    unused = {B + "models/qwen/qwen3_layers.py": layers.replace("UNUSED = 1", "UNUSED = 2")}
+    assert levels(plan_for(tmp_path / "b", unused, base=base)) == []

@@ -250,11 +250,16 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
             negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
                         and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
             names = _names_in(n.test, skip | negated, strings=True)
-            if any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines):
+            in_body = any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines)
+            in_else = any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.orelse for ln in lines)
+            trivial = _exits_when_trivial(n.test)  # `if self.tp_size == 1:` holds at the default settings
+            if in_body and not trivial:
                 ev.conditions.append(ast.unparse(n.test)[:200])
+            if in_else and trivial:
+                ev.conditions.append(f"not ({ast.unparse(n.test)[:190]})")
             if test_lines & lines:
                 ev.guards += names  # an edited condition: compared with the old one by the caller
-            elif any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in [*n.body, *n.orelse] for ln in lines):
+            elif (in_body and not trivial) or in_else:
                 ev.subject += names
     for block in {id(b): b for n in own for b in _blocks(n)}.values():
         for i, s in enumerate(block):
