@@ -1,7 +1,9 @@
 """Model families and their features, read from the Bridge's own code at the commit (never from the diff's words).
 
 A *family* is one registered bridge class (`@MegatronModelBridge.register_bridge(...)`) with the code of its own
-folder that it reaches through its references: its provider, its layer specs and layer modules, its helpers.
+folder that it reaches through its references (and the module tables it reads): its provider, its layer specs and
+layer modules, its helpers. A family of another model folder whose code calls into a unit serves it too (Gemma 4 VL
+building Gemma 4's attention); shared code (outside family folders) serves every family.
 Its *features* are facts of that code:
 - moe: expert counts or MoE settings the provider sets (`num_moe_experts`, `moe_*`), expert weight mappings
   (`...mlp.experts...`), routed-expert config keys;

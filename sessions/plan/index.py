@@ -1,7 +1,8 @@
 """The index of one Megatron-Bridge checkout, read with `ast`: every module under `src/megatron/bridge`, cut into
 units (the module's top-level code, each class statement with its body, each function or method; a function nested
 in a function belongs to it). Each unit's references: names it loads, resolved through the module's imports
-(re-exports followed), its local imports, and the attribute names it uses. Annotations are not references (they run
+(re-exports followed), its local imports, and the attribute names it uses; the module-level variables it reads
+(tables, specs, constants) and, per module, what each such table names. Annotations are not references (they run
 nothing). Modules are parsed on first use.
 """
 
@@ -35,6 +36,7 @@ class Unit:
     deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
     called: set[str] = field(default_factory=set)  # what it calls (a class called is instantiated)
     var_refs: set[str] = field(default_factory=set)  # module-level variables it reads ("pkg.mod.NAME")
+    passed: set[str] = field(default_factory=set)  # module code: what it hands to a call (`register("x", f)`)
 
     @property
     def name(self) -> str:
@@ -351,6 +353,12 @@ class BridgeIndex:
                 if t and t[0] == "unit":
                     unit.registered = True  # a Bridge decorator keeps the class: a registry hands it out
                     unit.deco_refs.add(t[1])
+        if unit.kind == "module":
+            for n in nodes:
+                if isinstance(n, ast.Call):
+                    for arg in [*n.args, *[k.value for k in n.keywords]]:
+                        unit.passed.update(t[1] for x in ast.walk(arg) if (t := self._target(x, info, local))
+                                           and t[0] == "unit")
         if unit.kind == "module":  # what each module-level table names (`spec = ModuleSpec(module=FalconH1Layer)`)
             for stmt in _top_statements(unit.node):
                 if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:

@@ -9,7 +9,12 @@ one of its `topics` matches:
 - `evidence="subject"`: only what the unit is about counts (its name and class, the conditions its changed lines
   run under, a new function's signature) — the table's "... changed" columns (L1, L2, L5);
   `evidence="code"`: any name its changed code uses counts — the table's "involved" / "touches" (L3, L4).
-Code verl imports but never calls counts by its subject only; code verl never imports counts for nothing.
+Code verl imports but never calls counts by its subject only, and only where code of a module verl imports calls
+it; code verl never imports, methods of classes verl never builds, changed imports, module tables no reached code
+reads and calls that only log count for nothing.
+Level 2 reads what the changed lines read or set of the parallel state and the conditions they run under (an early
+exit on a trivial size, `if self.ep_size == 1: return`, makes the lines after it need EP > 1), never the unit's
+name; lines that run only for experts, or units named for experts, ask for the MoE variant.
 `areas` are packages whose every change verl reaches is about the rule (all of `peft/` is PEFT).
 """
 
