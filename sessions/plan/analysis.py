@@ -328,14 +328,19 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 index, unit, lines, global_reach):
             global_reach.steps.pop(key)  # tables or constants no code verl runs reads: no verl path
         # a class statement that only runs because its module is imported is no verl call: its body's values
-        # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs.
+        # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs, and
+        # module code verl's imports never load never runs either.
         imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live
-        tier = ("calls" if key in global_reach and not imported_only else
-                "none" if imported_only or unit.module not in modules else
-                "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
-                and not _has_bridge_caller(index, unit) else
-                "none" if unit.kind == "method" and unit.cls not in global_reach.dispatch else
-                "imports" if _beside_verl_imports(index, unit, direct) else "none")
+        if key in global_reach and not imported_only:
+            tier = "calls"
+        elif imported_only or unit.module not in modules:
+            tier = "none"
+        elif ev.new and not unit.name.split(".")[-1].startswith("_") and not _has_bridge_caller(index, unit):
+            tier = "api"
+        elif unit.kind == "module" or (unit.kind == "method" and unit.cls not in global_reach.dispatch):
+            tier = "none"
+        else:
+            tier = "imports" if _beside_verl_imports(index, unit, direct) else "none"
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code, "name": ev.name,
                           "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits]}, ev.new,
