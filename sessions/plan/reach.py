@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from sessions.plan.evidence import (  # noqa: F401 (re-exported)
-    EXPERT_WORDS, Evidence, code_lines, evidence, words_hit, words_of)
+from sessions.plan.evidence import EXPERT_WORDS, Evidence, code_lines, evidence, words_hit, words_of  # noqa: F401 (re-exported)
 from sessions.plan.index import BridgeIndex, Unit, _is_implicit, module_name  # noqa: F401 (re-exported)
 
 # ---------------------------------------------------------------- reachability
