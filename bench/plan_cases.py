@@ -1,7 +1,7 @@
 """Benchmark: `invoke plan` against labelled real Megatron-Bridge commits.
 
     /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone \
-        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--split dev|heldout|all] \
+        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--split dev|heldout|fresh|all] \
         [--verl /path/to/verl] [--extra 10] [--verbose]
 
 Two case files: the shared one (TSV: commit, kind, expected_levels, ...) and this project's own
@@ -11,7 +11,9 @@ heldout half is never tuned on). Expected levels read like `L0,L4:moe (arguable:
 For each commit, checks it out (detached) in the given clone, plans the commit against its parent with verl's
 surface read from --verl, and prints the required levels, the optional ones, and the verdict: exact, under (a
 required level missing) or over (a level neither required nor arguable). Optional (offered) levels never count as
-selected. At the end: exact / under / over for shared, own-dev and own-heldout. `--extra N` also plans the N most
+selected. At the end: exact / under / over for shared, own-dev, own-heldout and own-fresh (bench/plan-cases-fresh.tsv: a
+second blind labelling of 72 further commits, by a helper who saw neither the planner nor the first labels; never
+tuned on). `--extra N` also plans the N most
 recent first-parent commits no case file lists, for eyeballing. The clone must be clean; its starting HEAD (branch
 or commit) is checked out again at the end, also after an error or Ctrl-C.
 """
@@ -80,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the shared cases TSV: commit, kind, expected_levels, ... ('-' for none)")
     ap.add_argument("--own", type=Path, default=ROOT / "bench" / "plan-cases-own.tsv",
                     help="this project's cases TSV with a split column ('-' for none)")
-    ap.add_argument("--split", choices=("dev", "heldout", "all"), default="all",
-                    help="which half of the own cases to run (develop on dev only)")
+    ap.add_argument("--fresh", type=Path, default=ROOT / "bench" / "plan-cases-fresh.tsv",
+                    help="a second own labelling, split 'fresh' (never tuned on; '-' for none)")
+    ap.add_argument("--split", choices=("dev", "heldout", "fresh", "all"), default="all",
+                    help="which part of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"), help="verl checkout")
     ap.add_argument("--extra", type=int, default=0, help="also plan N recent commits not in the cases file")
     ap.add_argument("--only", help="comma-separated commits of the cases file to run")
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     every_case: set[str] = set()  # every labelled commit, whatever its split: --extra never plans a held-out one
-    for path, own in ((args.cases, False), (args.own, True)):
+    for path, own in ((args.cases, False), (args.own, True), (args.fresh, True)):
         if str(path) == "-":
             continue
         if not path.is_file():
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(commit)
                 print("\n".join(describe(plan, args.verbose)))
         print()
-        for group in ("shared", "own-dev", "own-heldout"):
+        for group in ("shared", "own-dev", "own-heldout", "own-fresh"):
             if group in score:
                 n, exact, under, over = score[group]
                 print(f"score {group}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "

@@ -1,5 +1,5 @@
 """The tool's own runs on one real H200 (2026-12-01; verl v0.9.0, Bridge r0.6.0, vLLM 0.24, the image without
-modelopt, flash-attn, Apex or nsys), sanitized by ../shared/gpu-kit/sanitize.py: each log is judged by the engine
+modelopt, flash-attn, Apex or nsys; Levels 0 and 5 in a second session the same day), sanitized by ../shared/gpu-kit/sanitize.py: each log is judged by the engine
 alone as the level run judged it, and `judge --level N` agrees with the level run's own Result.
 
 Level 1's run directory holds two logs; its level rule (save at 1, resume, train and save step 2) is shown by run
@@ -24,6 +24,7 @@ CASES = [
     ("level1_save_resume_pass", "verl-B.log", 1, ("Pass", "success"), "Pass"),
     ("level4_moe_pass", "verl.log", 4, ("Pass", "success"), "Pass"),
     ("level0_sigterm_interrupted", "verl.log", 0, ("Blocked", "interrupted"), "Blocked"),
+    ("level0_pass", "verl.log", 0, ("Pass", "success"), "Pass"),
 ]
 
 
@@ -34,7 +35,7 @@ def test_judge_agrees_with_the_level_run(run, log, level, run_answer, level_resu
     alone = judge_log(RUNS / run / log)
     assert (alone.result, alone.category) == run_answer
     leveled = judge_log(RUNS / run / log, level=level, bridge_src=BRIDGE_SRC, level_rule=True)
-    assert leveled.level_result == summary["result"], leveled.to_dict()
+    assert leveled.level_result == summary["result"], leveled.to_json()
 
 
 def test_level3_failure_is_the_weight_sync_after_the_engine_was_up():
@@ -53,3 +54,17 @@ def test_modelopt_came_from_the_wheel_folder_and_level1_was_blocked_before_it():
     assert blocked["result"] == "Blocked" and "--find-links" in blocked["sentence"]
     record = json.loads(next((RUNS / "container_setup").glob("*modelopt*.json")).read_text())
     assert record["action"] == "installed" and "local wheel folder" in record["source"]
+
+
+def test_level5_on_a_random_model_is_no_learning_signal():
+    """Level 5 --steps 6 on the random tiny model (second H200 session): critic/score/mean 0 at steps 1-5 and 1/64 at
+    step 6. The level run then said Pass — one-point windows gave the trend no error estimate; with two-point
+    windows (the rule now) one lucky step is within the noise: no learning signal, Level 5 Fail. The run itself
+    (6/6 steps, exit 0) still passes."""
+    run = RUNS / "level5_steps6"
+    assert json.loads((run / "summary.json").read_text())["result"] == "Pass"  # what the GPU run said, before the fix
+    alone = judge_log(run / "verl.log")
+    assert (alone.result, alone.category, alone.steps_completed) == ("Pass", "success", 6)
+    leveled = judge_log(run / "verl.log", level=5, bridge_src=BRIDGE_SRC, level_rule=True)
+    assert leveled.level_result == "Fail", leveled.to_json()
+    assert "flat" in json.dumps(leveled.to_json()) and "critic/score/mean" in json.dumps(leveled.to_json())

@@ -213,6 +213,11 @@ def test_sigint_to_invoke_stops_the_wrapper_group_and_keeps_the_log(workspace):
     assert leftover.returncode == 1, "the fake trainer survived the interrupt"
     md, summary = summary_of(log.parent)
     assert summary["category"] == "interrupted"
+    # summary.json says what the process returned (the H200 run's summary said 3 while the process gave 130)
+    assert summary["exit_code"] == 130 and summary["interrupted"] is True
+    report = subprocess.run([sys.executable, "-m", "invoke", "report", str(log.parent)], cwd=PROJECT, env=env,
+                            capture_output=True, text=True)
+    assert report.returncode == 130, report.stdout + report.stderr
     assert "complete up to the interrupted" in deliverable(summary, "Log capture")["detail"]
 
 
@@ -366,6 +371,7 @@ def test_sigint_while_the_bridge_checks_run_leaves_a_blocked_summary_and_starts_
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out  # interrupted; the summary still says Blocked
     run_dir = only_run_dir(workspace)
+    assert json.loads((run_dir / "summary.json").read_text())["exit_code"] == 130
     assert not (run_dir / "verl.log").exists(), "--keep-going must not start verl after a Ctrl-C"
     md, summary = summary_of(run_dir)
     assert deliverable(summary, "Bridge-side checks")["status"] == "Blocked"

@@ -261,3 +261,12 @@ def test_plot_overlays_the_baseline(tmp_path):
     alone = plots.plot_metrics(tmp_path / "alone.png", run_metrics()).read_bytes()
     overlaid = plots.plot_metrics(tmp_path / "over.png", run_metrics(), baseline=run_metrics(trend=0.0)).read_bytes()
     assert alone[:8] == overlaid[:8] == b"\x89PNG\r\n\x1a\n" and alone != overlaid
+
+
+def test_a_trend_needs_more_than_one_lucky_step():
+    """Windows of at least two points: one reward at the last of six steps is noise, a steady rise is a trend."""
+    from sessions.judge.metrics import trend_of
+
+    lucky = trend_of([(i, v) for i, v in enumerate([0, 0, 0, 0, 0, 1 / 64], 1)], "critic/score/mean", "up")
+    rising = trend_of([(i, 0.1 * i) for i in range(1, 7)], "critic/score/mean", "up")
+    assert (lucky.direction, rising.direction) == ("flat", "up")

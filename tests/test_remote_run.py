@@ -71,6 +71,9 @@ def _start_sleepy(trees: Trees, tmp_path: Path, reaper=None) -> tuple[subprocess
     and the remote pids (127.0.0.1) are killed when the test ends, also when it failed."""
     pids_file = tmp_path / "remote-pids"
     driver = (
+        # Ctrl-C as at a terminal: a suite started from a background job (`cmd &`, nohup) inherits SIGINT
+        # ignored, and Python then installs no KeyboardInterrupt (two loaded .ci/run in a `&` loop hung here)
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import sys; from pathlib import Path; from env.launchers.remote import remote_task\n"
         f"sys.exit(remote_task(host={DIRECT_ALIAS!r}, forwarded=['sleepy', '--pids', {str(pids_file)!r}],"
         f" remote_root={str(trees.remote_root)!r}, ssh_config={str(trees.sshd.ssh_config)!r},"
@@ -106,7 +109,12 @@ def _wait_dead(pids: list[int], seconds: float) -> list[int]:
 def test_ctrl_c_stops_the_remote_task_and_its_children_and_still_copies_the_log(trees, tmp_path, reaper):
     proc, pids = _start_sleepy(trees, tmp_path, reaper)
     proc.send_signal(signal.SIGINT)
-    output, _ = proc.communicate(timeout=300)
+    try:
+        output, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # say where it stood (one loaded CI run hung here, its output lost)
+        proc.kill()
+        output, _ = proc.communicate()
+        raise AssertionError("no exit within 300 s of Ctrl-C; output so far:\n" + output.decode()) from None
     output = output.decode()
     assert proc.returncode == 130, output
     assert _wait_dead(pids, 60) == [], "orphans left on the remote"  # the grandchild ignored SIGINT

@@ -178,8 +178,6 @@ def test_ctrl_c_stops_the_task_and_every_nodes_ray(ws):
     _assert_ray_gone(_rdv(text))
 
 
-@pytest.mark.skip(reason="fails in full idle runs of the suite (the head's raylet socket goes away: two Ray nodes "
-                         "on one host), passes alone; cause not found. The held-allocation detached test covers the driver")
 def test_detached_batch_job_on_two_nodes(ws):
     """--detach: the same driver as an sbatch job; followed to its end, with the exit file and run directory."""
     port = _port()

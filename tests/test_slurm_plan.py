@@ -463,3 +463,28 @@ def test_local_launcher_runs_the_task_here_and_finds_its_run_directory(workspace
     assert launcher.run_attached(p) == 0
     (run_dir,) = workspace.run_dirs()
     assert p.run_dirs[-1] == str(run_dir)
+
+
+def test_every_path_flag_of_the_forwarded_task_is_mounted_absolute_from_its_flag_table(spaced, tmp_path, monkeypatch):
+    """The mounts come from the task's flag table (`Flag(kind="path")`), not a list here: `install-modelopt
+    --find-links DIR` (a flag the old list lacked) and `judge --log F` get their folders mounted, given relative."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    log = tmp_path / "logs" / "verl.log"
+    log.parent.mkdir()
+    log.write_text("step:1 - x:1\n")
+    monkeypatch.chdir(tmp_path)
+    p = _plan(spaced, "install-modelopt", "--find-links", "wheels")
+    assert (str(wheels), str(wheels)) in p.mounts, p.mounts
+    assert f"--find-links {wheels}" in " ".join(p.step_script().split())
+    p = _plan(spaced, "judge", "--log", "logs/verl.log")
+    assert (str(log.parent), str(log.parent)) in p.mounts, p.mounts
+
+
+def test_path_flags_are_found_when_only_some_tasks_were_made():
+    """A process that made only the level tasks (an xdist worker, a bench) still reads install-modelopt's path flags:
+    the declared table is completed from tasks.py (CI caught the first version answering nothing there)."""
+    code = ("from sessions.run.level import make_level_task; make_level_task(0)\n"
+            "from env.protocol import flags; print(flags.path_options('install-modelopt'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True)
+    assert "--find-links" in out.stdout, out.stdout + out.stderr

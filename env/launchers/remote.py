@@ -49,6 +49,9 @@ class RemoteLayout:
     verl: str | None
 
 
+AFTER_CTRL_C_S = 120.0  # the most each step after an interrupted remote task (listing, copy back) may take
+
+
 def _remote_path(path: str) -> str:
     """`~/x` means x under the remote home (a quoted path is not tilde-expanded); relative paths are home-based."""
     if path in ("~", "~/"):
@@ -216,10 +219,13 @@ def remote_task(
             run_dirs.extend(run_dirs_in(output_line))
 
         status, interrupted = remote.stream(command, out, err, on_line=watch, stop_wait_s=grace_s + 60)
+        # after Ctrl-C every remaining step is bounded: the user asked to get out, with the log if it comes
+        bound = AFTER_CTRL_C_S if interrupted else None
         if not run_dirs:  # the task died before printing it: take what appeared in the remote LOG_DIR
-            after = remote.helper("probe", {"trees": [], "list_dirs": [remote_log_dir]})["listings"][0]["entries"]
+            after = remote.helper("probe", {"trees": [], "list_dirs": [remote_log_dir]},
+                                  timeout_s=bound)["listings"][0]["entries"]
             run_dirs = [f"{remote_log_dir}/{name}" for name in sorted(set(after) - before)]
-        _copy_back(remote, run_dirs, roots["tool"], Path(settings.log_dir), say)
+        _copy_back(remote, run_dirs, roots["tool"], Path(settings.log_dir), say, timeout_s=bound)
         if status is None:
             err.write(f"error: lost the connection to {remote.display} before the task finished\n".encode())
             return EXIT_INTERRUPTED if interrupted else EXIT_BLOCKED
@@ -250,16 +256,22 @@ def _task_command(roots: dict[str, str], *, settings_paths: RemoteLayout, line: 
     return f"bash -lc {shlex.quote(script)}"
 
 
-def _copy_back(remote: RemoteHost, run_dirs: list[str], remote_tool: str, local_log_dir: Path, say) -> None:
+def _copy_back(remote: RemoteHost, run_dirs: list[str], remote_tool: str, local_log_dir: Path, say,
+               timeout_s: float | None = None) -> None:
     import subprocess
 
     for run_dir in dict.fromkeys(run_dirs):
         source = run_dir if run_dir.startswith("/") else f"{remote_tool}/{run_dir}"
         target = local_log_dir / Path(source.rstrip("/")).name
         target.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["rsync", "-a", "-s", "-e", remote.rsync_ssh_command(),
-                               remote.rsync_target(source.rstrip("/") + "/"), f"{target}/"],
-                              capture_output=True, text=True)
+        try:
+            proc = subprocess.run(["rsync", "-a", "-s", "-e", remote.rsync_ssh_command(),
+                                   remote.rsync_target(source.rstrip("/") + "/"), f"{target}/"],
+                                  capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            say(f"[verl-e2e] could not copy {remote.display}:{source} back within {timeout_s:.0f}s of Ctrl-C: "
+                f"it stays there (rsync it yourself)")
+            continue
         if proc.returncode != 0:
             say(f"[verl-e2e] could not copy {remote.display}:{source} back: {proc.stderr.strip()[-300:]}")
             continue

@@ -121,8 +121,10 @@ class RemoteHost:
         self.bytes_sent += len(command.encode())
         return channel
 
-    def exec_with_input(self, command: str, data: bytes = b"", what: str = "remote command") -> bytes:
-        """Run `command` with `data` on its stdin; returns stdout; a non-zero exit raises RemoteUnavailable."""
+    def exec_with_input(self, command: str, data: bytes = b"", what: str = "remote command",
+                        timeout_s: float | None = None) -> bytes:
+        """Run `command` with `data` on its stdin; returns stdout; a non-zero exit, or no answer within timeout_s,
+        raises RemoteUnavailable."""
         channel = self._open_channel(command)
 
         def feed() -> None:
@@ -134,7 +136,12 @@ class RemoteHost:
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         out, err = bytearray(), bytearray()
-        pump(channel, out.extend, err.extend)
+        try:
+            pump(channel, out.extend, err.extend,
+                 deadline=None if timeout_s is None else time.monotonic() + timeout_s)
+        except TimeoutError:
+            channel.close()
+            raise RemoteUnavailable(f"{self.display}: {what} gave no answer within {timeout_s:.0f}s") from None
         feeder.join(timeout=10)
         self.bytes_sent += len(data)
         status = channel.recv_exit_status()
@@ -143,10 +150,10 @@ class RemoteHost:
             raise RemoteUnavailable(f"{self.display}: {what} failed (exit {status}): {' | '.join(tail)}")
         return bytes(out)
 
-    def helper(self, command: str, request: dict[str, Any]) -> dict[str, Any]:
+    def helper(self, command: str, request: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         inner = f"{shlex.quote(self.python)} -c {shlex.quote(self._helper_source)} {shlex.quote(command)}"
         raw = self.exec_with_input(f"bash -lc {shlex.quote(inner)}", json.dumps(request).encode(),
-                                   what=f"sync helper '{command}'")
+                                   what=f"sync helper '{command}'", timeout_s=timeout_s)
         _, marker, payload = raw.decode(errors="replace").rpartition(remote_helper.MARKER)
         if not marker:
             raise RemoteUnavailable(f"{self.display}: sync helper '{command}' gave no answer")

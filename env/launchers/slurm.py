@@ -37,6 +37,7 @@ from env.launchers.base import Launcher, TaskLine, say
 from env.launchers.slurm_run import run_attached, submit
 from env.launchers.slurm_step import JOBS_SUBDIR, SlurmPlan, is_image_file, staging_lines
 from env.preflight.pythonpath import compose
+from env.protocol.flags import path_options
 from env.settings import (
     BY_NAME,
     PROJECT_ROOT,
@@ -58,8 +59,6 @@ ENGINE_MARKERS = (("sglang", re.compile(r"sgl")), ("trtllm", re.compile(r"trt-?l
 NOT_FORWARDABLE = ("slurm", "slurm-status", "slurm-logs")
 # Settings whose value is a path the task reads or writes: they are mounted and exported absolute into the step.
 PATH_SETTINGS = tuple(s.name for s in SETTINGS if s.kind == "path" and s.name != "python")
-# Forwarded-line flags that are no settings but name a path the task needs inside the step.
-EXTRA_PATH_FLAGS = ("--dummy-config", "--baseline", "--local-dataset-path", "--out", "--scratch")
 JOB_ID = re.compile(r"\d+(_\d+)?")
 
 
@@ -138,6 +137,13 @@ def task_settings(line: TaskLine, environ: dict[str, str], config: dict[str, Any
     return resolve(flags, environ, config)
 
 
+def _line_path_flags(line: TaskLine) -> tuple[str, ...]:
+    """The forwarded task's own path flags that are no setting (`--find-links`, `--dummy-config`, `--log`, ...): from
+    its flag table, so a new path flag is mounted without a word here."""
+    settings_flags = {_setting_flag(n) for n in PATH_SETTINGS}
+    return tuple(o for o in path_options(line.task) if o not in settings_flags)
+
+
 def _mount_sources(settings: Resolved, line: TaskLine) -> list[tuple[str, Path]]:
     """(why, host path) of everything the task reads or writes; files are mounted by their folder."""
     wanted: list[tuple[str, Path]] = [("this project", PROJECT)]
@@ -151,7 +157,7 @@ def _mount_sources(settings: Resolved, line: TaskLine) -> list[tuple[str, Path]]
         wanted.append((name, path))
     if settings.model_path is None:  # the wrapper's default: $HOME/models/$MODEL_ID
         wanted.append(("model_path", Path.home() / "models" / settings.model_id))
-    for flag in EXTRA_PATH_FLAGS:
+    for flag in _line_path_flags(line):
         for value in line.flag_values(flag):
             path = Path(value).expanduser().absolute()
             wanted.append((flag, path.parent if path.suffix else path))
@@ -244,7 +250,7 @@ def plan(opts: SlurmOptions, environ: dict[str, str] | None = None, config: Any 
     notes: list[str] = []
     warnings: list[str] = []
     line = TaskLine.parse(list(opts.task_line), launcher="slurm", not_forwardable=NOT_FORWARDABLE)
-    path_flags = tuple(_setting_flag(n) for n in PATH_SETTINGS) + EXTRA_PATH_FLAGS
+    path_flags = tuple(_setting_flag(n) for n in PATH_SETTINGS) + _line_path_flags(line)
     line = line.absolutized(path_flags, f"the step runs in {PROJECT}", notes)
     cfg = config_section(config)
     settings = task_settings(line, environ, cfg)

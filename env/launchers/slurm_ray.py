@@ -130,7 +130,9 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         "set -u",
         'node=${SLURMD_NODENAME:-$(hostname -s)}; rank=${SLURM_NODEID:-0}; rdv=$VERL_E2E_RAY_RDV',
         # whatever stops this task early tells the others (they wait on files, not on time)
-        'ray_pid=; tmp=/tmp/verl-e2e-ray-${SLURM_JOB_ID:-0}-$rank',
+        # Ray's temp dir is per cluster, not per job id: two Slurm clusters (two suites, a test's own cluster
+        # after another's) both have a job 1, and one's `ray stop` removed the other's raylet socket (seen)
+        'ray_pid=; tmp=/tmp/verl-e2e-ray-${SLURM_JOB_ID:-0}-$(printf %s "$rdv" | cksum | cut -d" " -f1)-$rank',
         # stops exactly the Ray this task started (its own session / process group): at the end, and on
         # scancel / srun's TERM / Ctrl-C too — an orphaned Ray would escape the step (linuxproc tracks by parent)
         "stop_ray() {",

@@ -177,8 +177,18 @@ def run_checks(ctx: RunContext, stop_at_blocked: bool = True) -> list[Check]:
         timings.setdefault("cheap_s", round(time.monotonic() - began, 3))
         ctx.evidence["preflight_timings"] = {
             **timings, "total_s": round(time.monotonic() - began, 3), "started": ctx.facts.names(),
-            "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from)}
+            "facts_s": dict(sorted(ctx.facts.seconds.items())), "cached": dict(ctx.facts.cached_from),
+            "inside_probe_s": _inside_probe(ctx)}
         ctx.facts.close()
+
+
+def _inside_probe(ctx: RunContext) -> dict:
+    """Where the heavy probe's own time went: the imports and the Ray cluster start, side by side."""
+    if ctx.imports is None or "imports" in ctx.facts.cached_from:  # a cached answer's timings are not this run's
+        return {}
+    raw = ctx.imports.raw
+    inside = {k: raw[k] for k in ("imports_s", "ray_s") if k in raw}
+    return inside
 
 
 def _heavy_cannot_run(ctx: RunContext) -> str | None:
@@ -215,6 +225,8 @@ def timings_text(evidence: dict) -> str:
     if not t:
         return "# timings: none recorded"
     lines = [f"# timings (s): total {t['total_s']:.2f}, cheap phase {t['cheap_s']:.2f}"]
+    if t.get("inside_probe_s"):
+        lines.append("  inside the heavy probe: " + ", ".join(f"{k[:-2]} {v:.2f}" for k, v in t["inside_probe_s"].items()))
     for name, secs in t["facts_s"].items():
         lines.append(f"  {secs:6.2f}  {name}" + (f" ({t['cached'][name]})" if name in t["cached"] else ""))
     return "\n".join(lines)

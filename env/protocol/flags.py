@@ -179,6 +179,21 @@ def validate(table: FlagTable | Iterable[Flag], values: Mapping[str, Any]) -> di
     return out
 
 
+# task name -> its flag table, as the tasks are declared (tasks.py): what launchers read a forwarded line's paths from
+DECLARED: dict[str, FlagTable] = {}
+
+
+def path_options(task: str) -> tuple[str, ...]:
+    """The `--options` of `task` that take a local path (Slurm mounts them, a remote line makes them absolute)."""
+    name = task.replace("_", "-")
+    if name not in DECLARED:  # outside invoke (a test, a bench), where only some tasks were made: tasks.py declares all
+        import importlib  # noqa: PLC0415
+
+        importlib.import_module("tasks")
+    table = DECLARED.get(name)
+    return tuple(f.option for f in table.flags if f.path) if table else ()
+
+
 def task_from_table(table: FlagTable, body: Callable[..., Any], *, name: str, doc: str,
                     auto_shortflags: bool = False, validated: bool = True) -> Any:
     """An invoke task named `name` whose flags, help and signature are the table's; its body gets the validated
@@ -204,6 +219,7 @@ def task_from_table(table: FlagTable, body: Callable[..., Any], *, name: str, do
     wrapped = one_line_errors(wrapper)
     wrapped.__signature__ = wrapper.__signature__  # type: ignore[attr-defined]
     wrapped.flag_table = table  # type: ignore[attr-defined]
+    DECLARED[name.replace("_", "-")] = table
     iterable = [f.name for f in table.flags if f.kind == "list"]
     return task(help={f.name: f.help for f in table.flags}, auto_shortflags=auto_shortflags,
                 iterable=iterable)(wrapped)

@@ -26,6 +26,7 @@ from sessions.judge.evidence import (
     _text,
     parse_metrics,
 )
+from sessions.judge.frames import frame_category
 from sessions.judge.logstream import normalise
 from sessions.judge.patterns import (
     CATEGORY_HINTS,
@@ -41,10 +42,14 @@ from sessions.judge.structure import (
     category_from_structure,
     exception_type,
     failure_signature,
-    frame_category,
     method_area,
 )
 
+# named causes that are what happens after another failure (a rank dies, its peers time out in the collective, the
+# engine reports the root cause "above"): an exception line before them is the cause
+CONSEQUENCES = ("actor-died", "hang-watchdog", "nccl-timeout", "vllm-engine", "ray-get-timeout")
+RAY_DAEMONS = ("raylet", "autoscaler", "gcs_server", "dashboard", "monitor")  # their tracebacks are Ray's own
+CREATION_RE = re.compile(r"error raised in its creation task|Exception raised in creation task")
 LOGGED_FILE_RE = re.compile(r"[\[(\s\"](/[^\s\]\")]+\.py)\b")
 LORA_RE = re.compile(r"(?i)lora|peft|adapter|target_module")
 # environment categories: Blocked before the provider ran, Fail (with the same hint) after training steps
@@ -71,9 +76,19 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     # only when nothing else is named
     specific = sorted((e for e in real if e.specific),
                       key=lambda e: (e.pattern.category == "interrupted", e.wrapper_method is not None, e.seq))
+    plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method and not e.cut
+             and not CREATION_RE.search(e.text)]
     if specific:
-        return specific[0]
-    plain = [e for e in real if e.pattern is None and not e.log_error and not e.wrapper_method and not e.cut]
+        first = specific[0]
+        if first.pattern.name in CONSEQUENCES:  # a death or timeout after an exception: that exception is the cause
+            earlier = [e for e in plain if e.seq < first.seq and e.source not in RAY_DAEMONS]
+            if earlier:
+                return earlier[0]
+        return first
+    driver = ev.driver_failure_seq
+    chain = [e for e in plain if driver is not None and e.source is None and e.seq >= driver]
+    if chain:  # the driver failed: its chain names the failure (a worker's earlier traceback may be a thread's)
+        return chain[0]
     if plain:  # the first plain exception line: in a Ray chain, the innermost remote exception
         return plain[0]
     wrappers = [e for e in real if e.wrapper_method and not e.log_error]
@@ -85,6 +100,11 @@ def _decisive(ev, events: list[_ErrorEvent]) -> _ErrorEvent | None:
     other = [e for e in real if e.pattern is not None] or [e for e in real if e.log_error]
     return other[0] if other else None
 
+
+
+def _logged_only(event: _ErrorEvent) -> bool:
+    """A logger's ERROR line that names no cause (not Hydra's "Error executing job": the driver failing)."""
+    return event.log_error and event.pattern is None and not event.text.startswith("Error executing job")
 
 
 def _missing_extension(ev: Evidence, events: list[_ErrorEvent]) -> _ErrorEvent | None:
@@ -107,8 +127,11 @@ def _missing_extension(ev: Evidence, events: list[_ErrorEvent]) -> _ErrorEvent |
 def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
               found: dict[str, Any]) -> tuple[str, str, str, str | None]:
     """-> (result, category, phase, hint) for the decisive error event; `found` gets what was looked at."""
-    methods = [e.wrapper_method for e in events if e.wrapper_method]
-    method = methods[-1] if methods else None  # the innermost Ray method of the chain
+    # the innermost Ray method of the decisive event's chain: the last one up to it (a later `Unhandled error` of
+    # another task is not its chain), else any
+    methods = [e.wrapper_method for e in events if e.wrapper_method and e.seq <= event.seq] or \
+        [e.wrapper_method for e in events if e.wrapper_method]
+    method = methods[-1] if methods else None
     area = method_area(method)
     # a nested method of a worker names the place better than TaskRunner.run() around it
     if area == "setup" and len(methods) > 1:
@@ -117,7 +140,13 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         area = "training"  # TaskRunner.run() -> trainer.fit(): raised in the training loop
     if area == "setup" and (event.step > 0 or ev.reached >= PHASE_INDEX["training"]):
         area = None  # TaskRunner.run() holds the whole loop: "setup" only before any worker trained
-    phase = AREA_PHASES.get(area, event.phase) if area else event.phase
+    # the innermost verl frame's function is finer than the Ray method around it (`_build_rollout` in init_model,
+    # `_load_checkpoint` in TaskRunner.run(), `update_params` of the sharding manager in generate_sequences)
+    where = event.where or next((e.where for e in reversed(events) if e.where), None)
+    by_method = area
+    if not (area == "reward" and where in ("model-build", "training")):  # the role `rm` stays the reward model
+        area = where or area
+    phase = AREA_PHASES.get(where or area, event.phase) if where or area else event.phase
     building = area in ("model-build", "worker-creation") if area else ev.reached < PHASE_INDEX["model-built"]
     frames = event.area if event.area and not event.wrapper_method else None
     frames = frames or event.nearest or next((e.area for e in reversed(events) if e.area), None)
@@ -127,8 +156,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     exc = event.wrapped or exception_type(event.text) or next((e.wrapped for e in reversed(events) if e.wrapped),
                                                                None)
     pattern = event.pattern
-    found.update(looked_at=["method", "frames", "message"], method=method, method_area=area, frames=frames,
-                 exception=exc, message=pattern.name if pattern else None)
+    found.update(looked_at=["method", "function", "frames", "message"], method=method, method_area=by_method,
+                 function_area=where, area=area, frames=frames, exception=exc,
+                 message=pattern.name if pattern else None)
     if event.extension:
         found.update(message="missing compiled extension", decided_by="message")
         return _result(ev, event, "Blocked", "env-dependency", phase,
@@ -139,25 +169,35 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     if named and (pattern.category in CAUSE_CATEGORIES or pattern.result == BLOCKED_EVIDENCE):
         found["decided_by"] = "message"  # a named cause (OOM, NCCL, missing package...) wherever it happened
         result = "Blocked" if pattern.result == BLOCKED_EVIDENCE else "Fail"
+        if pattern.category == "data" and area == "reward":  # the model files missing are the reward model's
+            found["decided_by"] = "message and method"
+            return _result(ev, event, result, "reward-model", phase, None)
         return _result(ev, event, result, pattern.category, phase, pattern.hint)
     wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES]
     if wrapped and wrapped[-1] != "env-ray-import":
         found["decided_by"] = "exception type"
         return _result(ev, event, "Fail", wrapped[-1], phase, None)
     structural = category_from_structure(area, frames, exc, building)
-    if named and structural not in ("checkpoint", "weight-sync"):  # the message names the place itself
+    if named and not structural:  # (c) the message names what the structure cannot tell
         found["decided_by"] = "message"
         category, hint = pattern.category, pattern.hint
         if category == "provider" and phase == "checkpoint":
             category, hint = "checkpoint", None
         return _result(ev, event, "Fail", category, phase, hint)
     if structural:
-        found["decided_by"] = "method" if area and structural != frames else "frames"
+        found["decided_by"] = ("frames" if not area or structural == frames else
+                               "function" if area == where and area != by_method else "method")
         hint = pattern.hint if named and pattern.category == structural else None
         if structural == "provider" and LORA_RE.search(event.text):
             hint = H_LORA
-        if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and area == "setup":
+        if structural == "data" and exc in ("FileNotFoundError", "IsADirectoryError") and \
+                area in ("setup", "data", "model-build"):  # data or model files not there
             return _result(ev, event, "Blocked", "data", phase, None)
+        if structural == "reward-model" and exc in ("FileNotFoundError", "IsADirectoryError") and \
+                area in ("setup", "reward"):  # the reward function's or model's file is not there
+            return _result(ev, event, "Blocked", "reward-model", phase, None)
+        if structural == "env-no-gpu":  # verl's own resource check refused the cluster: environment evidence
+            return _result(ev, event, "Blocked", structural, phase, None)
         return _result(ev, event, "Fail", structural, phase, hint)
     if wrapped:  # RayTaskError(ModuleNotFoundError) in a worker: its PYTHONPATH
         found["decided_by"] = "exception type"
@@ -194,15 +234,27 @@ def _result(ev: Evidence, event: _ErrorEvent, result: str, category: str, phase:
     return result, category, phase, hint
 
 
-def _fatal_after_completion(ev, events: list[_ErrorEvent]) -> list[_ErrorEvent]:
-    """Errors after the run completed that still fail it: the driver failing, a dead actor, a named cause."""
+def _fatal_after_completion(ev, events: list[_ErrorEvent], shown_only: bool) -> list[_ErrorEvent]:
+    """Errors after the run completed that still fail it: the driver failing, a dead actor, a named cause.
+    `shown_only`: "complete" means only "it shows steps" (no planned total, no end marker): then any exception
+    after the last step ends it (an excerpt that ends in a traceback did not finish), not a logger's ERROR line."""
     driver = ev.driver_failure_seq
     return [
         e for e in events if not e.noise and (
             (driver is not None and e.source is None and e.seq >= driver) or e.specific
-            or (e.wrapper_method and e.source is None)
+            or (e.wrapper_method and e.source is None) or (shown_only and not e.log_error)
+            or _trainer_raised(e)
         )
     ]
+
+
+TRAINER_SOURCE_RE = re.compile(r"\w*TaskRunner\w*$|main_task$")
+
+
+def _trainer_raised(event: _ErrorEvent) -> bool:
+    """An exception line the trainer's own process printed (TaskRunner, old main_task): the loop raised."""
+    return (event.source is not None and TRAINER_SOURCE_RE.match(event.source) is not None
+            and event.pattern is None and not event.log_error and not event.wrapper_method and not event.cut)
 
 def _criteria(ev, verdict: Verdict, vanilla: str | None, wrong_paths: list[str]) -> list[Criterion]:
     """The level's pass list, each Pass / Fail / not shown (SPEC "The verdict", 2)."""
@@ -314,6 +366,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             ev.seq + 1, line.source, line.inner, "a traceback without its exception line (the log is cut): "
             + line.text.strip(), None, ev.phase, ev.max_step,
             area=ev.areas.get(line.source) or ev.areas.get(ANY_SOURCE), cut=True,
+            where=ev.wheres.get(line.source) or ev.wheres.get(ANY_SOURCE),
         )]
     decisive = _decisive(ev, events)
     extension = _missing_extension(ev, events)
@@ -332,7 +385,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         limitations.append("run interrupted before it ended: not evidence for or against the Bridge provider")
     elif complete:
         phase = "shutdown"
-        fatal = _fatal_after_completion(ev, events)
+        fatal = _fatal_after_completion(ev, events, not expected and not ev.bar_complete and not ev.final_validation)
         late_noise = [e.shown() for e in events if e.noise or e not in fatal]
         residual = list(dict.fromkeys(ev.noise_after_last_step + late_noise))[:MAX_NOISE]
         if ev.nan_findings:
@@ -356,7 +409,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         verdict.residual_noise = residual[:MAX_NOISE]
         if verdict.residual_noise and result == "Pass":
             limitations.append("shutdown warnings after the last step (residual noise)")
-    elif decisive is not None and ev.termination != "timeout":
+    elif decisive is not None and ev.termination != "timeout" and not _logged_only(decisive):
         result, category, phase, hint = _classify(ev, decisive, events, found)
         first_error = decisive.shown()
     elif ev.termination == "timeout":
@@ -375,13 +428,18 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             first_error = f"exit 0 but no exception line in the log; {ends}"
         else:
             first_error = f"no exception line in the log; {ends}"
-        if ev.input_note:
-            first_error = f"the file is not a text log ({ev.input_note}): {first_error}"
+        if decisive is not None:  # only a logger's ERROR line: it reports, it does not say why the run stopped
+            first_error += f"; last logged error: {decisive.shown()}"
+            found = {"looked_at": ["message"], "decided_by": "a logger's ERROR line only (no exception)"}
         hint = (
             "The log does not show enough to name a cause: it ends without the expected steps and without an "
             "error line (truncated, still running, or killed from outside: check the exit code, dmesg and the "
             "stall timeout)."
         )
+        if ev.input_note:
+            first_error = f"the file is not a text log ({ev.input_note}): {first_error}"
+            hint = ("The file given is not a verl log (empty, or binary such as an executable or random bytes): "
+                    "pass the log file the run wrote.")
 
     if category == "actor-died" and ev.death_causes:
         hint = f"the raylet's cause: {', '.join(ev.death_causes)}. " + (hint or CATEGORY_HINTS["actor-died"])

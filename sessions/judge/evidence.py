@@ -17,8 +17,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from sessions.judge.frames import classify_frame
 from sessions.judge.logstream import LogLine, normalise, step_line_match
-from sessions.judge.needles import DISPATCH
+from sessions.judge.needles import DISPATCH, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CORE_METRIC_RE,
@@ -28,7 +29,6 @@ from sessions.judge.patterns import (
     compiled,
 )
 from sessions.judge.record import PHASE_INDEX
-from sessions.judge.structure import frame_category
 
 MAX_EVENTS = 400  # error events kept after the last progress (a long error storm keeps its first ones)
 MAX_NOISE = 20
@@ -41,6 +41,9 @@ MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat 
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
+# vLLM logs a failing engine's traceback through its logger, one `ERROR MM-DD hh:mm:ss [file.py:N] ` per line: the
+# frames and the exception line behind it are read as a traceback's
+VLLM_ERROR_RE = re.compile(r"ERROR \d\d-\d\d [\d:.]+ \[[\w.\-]+:\d+\] (?=\s|Traceback|\w+(?:\.\w+)*: )")
 LOG_ERROR_RE = re.compile(r"^(?:ERROR[ :]|\[?E\d{4} |\[ERROR\]|\S+ ERROR |\w+ \d+ [\d:]+ ERROR )")
 VAL_METRIC_RE = re.compile(r"^\s*val[\w-]*/[\w/@.\-]+:\s*[-+\d.(np]")  # `val/test_score/x:0.5`
 VAL_ONLY_RE = re.compile(r"^\s*(?:val[\w-]*/[^:\s]+:[^ ]+(?: - |\s*$))+$")
@@ -52,6 +55,9 @@ OPTIONAL_MODULE_RE = re.compile(
 TABLE = compiled()
 TRAINING = PHASE_INDEX["training"]
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
+LATE_KINDS_SET = frozenset(LATE_KINDS)
+THREAD_HEADER = "Exception in thread"  # a thread's uncaught exception follows (not the process's)
+PROGRESS_FACTS = ("progress", "final_validation", "wandb_step")  # facts whose handler may call _progressed
 FULL_LINE_KINDS = ("fact", "limitation")  # searched in the whole line; causes in its first ERROR_SCAN_CHARS
 ERROR_SCAN_CHARS = 4096  # an exception's message starts the line; a 1 MB config-dump line is not an error
 # `No module named 'vllm._moe_C_stable_libtorch'`: an engine's compiled extension (a `_`-named submodule)
@@ -99,6 +105,7 @@ class _ErrorEvent:
     log_error: bool = False  # a logger's ERROR line (not an exception): a cause only when nothing better exists
     cut: bool = False  # stands for a traceback the log ends in, before its exception line
     nearest: str | None = None  # category of the latest classified frame of any source before this line
+    where: str | None = None  # area of the innermost verl frame with a known function (frames.FUNCTION_AREAS)
     extension: str | None = None  # stands for a compiled extension the engine reported missing
 
     @property
@@ -112,6 +119,36 @@ class _ErrorEvent:
     def shown(self) -> str:
         prefix = f"({self.source}) " if self.source else ""
         return _shorten(prefix + self.text)
+
+
+def lasting(pattern: Pattern) -> bool:
+    """Whether a match of the pattern changes more than what the next progress clears (error events, traceback
+    areas, the driver's failure): facts, limitations, residual noise, phase markers."""
+    return pattern.kind in ("fact", "limitation", "noise") or (pattern.kind == "marker" and pattern.phase is not None)
+
+
+_NO_MATCH_YET = object()
+
+
+def metrics_match(raw: bytes, step: re.Match[bytes] | None | object = _NO_MATCH_YET) -> re.Match[bytes] | None:
+    """The `step:N - ` of a plain metrics line (N > 0, no tqdm redraw): feed_bytes's fast path takes it. `step`:
+    step_line_match(raw) when the caller has it."""
+    if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
+        match = step_line_match(raw) if step is _NO_MATCH_YET else step
+        if match and int(match.group(1)) > 0:
+            return match
+    return None
+
+
+def _head(text: str) -> str:
+    return text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
+
+
+def _copied(value: Any) -> Any:
+    kind = type(value)
+    if kind is deque:
+        return deque(value, value.maxlen)
+    return value.copy() if kind in (list, dict, set) else value
 
 
 def _text(value: str | bytes) -> str:
@@ -158,6 +195,8 @@ class Evidence:
         self.events: list[_ErrorEvent] = []  # error events since the last progress (the first MAX_EVENTS)
         self.events_dropped = 0
         self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
+        self.wheres: dict[str | None, str] = {}  # source -> loop area of its latest verl frame with a known function
+        self.thread_sources: set[str | None] = set()  # sources printing an "Exception in thread" traceback
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
         self.death_causes: list[str] = []
         self.open_traceback: LogLine | None = None  # first frame of a traceback whose exception line is not seen yet
@@ -172,22 +211,70 @@ class Evidence:
         self.input_note: str | None = None  # "empty" / "binary": the input is no text log (judge_log sniffs it)
         self.frames_seen = 0  # traceback frame lines
         self.fit_seen = False  # a frame in the trainer's fit() since the last progress (TaskRunner.run() trains)
+        self.progress_count = 0  # times training went on (_progressed): a reader that skips lines watches it
+
+    # -- state copies (skim.py skips lines speculatively and goes back when it must) -------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state; containers copied one level (their items are never changed in place)."""
+        return {k: _copied(v) for k, v in self.__dict__.items()}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.__dict__.update(snapshot)
+
+    @property
+    def skimmable(self) -> bool:
+        """Whether every effect of a line no lasting pattern matches is cleared by the next progress. Not while a
+        thread's traceback is open: its source's next exception line is marked noise, for good."""
+        return not self.thread_sources
+
+    def storm_sensitive(self, raw: bytes, candidates: tuple[int, ...]) -> bool:
+        """Whether this line's lasting effect could depend on the error-storm cap (MAX_EVENTS events kept: then
+        feed_bytes drops the line's non-fact candidates, or the whole line): a residual-noise line, a missing
+        extension not noted yet from a line without facts, a line that goes on training and holds error
+        candidates (its events outlive that progress). Other lines differ only in what the next progress clears."""
+        kinds = {TABLE[i][0].kind for i in candidates}
+        if "noise" in kinds and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
+            return True
+        lines = None
+        if kinds.isdisjoint(LATE_KINDS) and b"No module" in raw and b"(raylet)" not in raw and b"step:" not in raw:
+            if len(self.missing_ext) >= 20:
+                return False
+            lines = normalise(raw.decode("utf-8", "replace"))
+            for line in lines:
+                ext = EXTENSION_MODULE_RE.search(line.text) if "No module" in line.text else None
+                if ext and ext.group(1) not in self.missing_ext:
+                    return True
+        dropped = [i for i in candidates if TABLE[i][0].kind not in LATE_KINDS_SET]
+        if not dropped:
+            return False
+        progress = any(TABLE[i][0].fact in PROGRESS_FACTS for i in candidates)
+        if not progress and b"step:" not in raw:
+            return False
+        lines = normalise(raw.decode("utf-8", "replace")) if lines is None else lines
+        if not any(search_pattern(i, TABLE[i][1], _head(line.text), {} if LongText.usable(line.text) else None)
+                   for line in lines for i in dropped):
+            return False  # the cap would drop candidates that do not match anyway
+        if progress:
+            return True
+        for line in lines:
+            step = STEP_RE.search(line.text) or BARE_STEP_RE.match(line.text) if "step:" in line.text else None
+            if step and int(step.group(1)) > self.max_step:
+                return True
+        return False
 
     # -- input ---------------------------------------------------------------------------------------------
     def feed(self, raw: str) -> None:
         self.feed_bytes(raw.encode("utf-8", "surrogateescape") if "\x00" not in raw else raw.encode("utf-8", "replace"))
 
-    def feed_bytes(self, raw: bytes) -> None:
-        """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed."""
-        if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
-            match = step_line_match(raw)
-            if match:
-                step = int(match.group(1))
-                if step > 0:
-                    self.seq += 1
-                    self._metrics_line(step, raw[match.end() :], raw)
-                    return
-        candidates = DISPATCH.candidates(raw)
+    def feed_bytes(self, raw: bytes, candidates: tuple[int, ...] | None = None) -> None:
+        """Fast path for the many metrics lines of a long run: no decoding or normalising unless needed.
+        `candidates`: DISPATCH.candidates(raw) when the caller has them already."""
+        match = metrics_match(raw)
+        if match is not None:
+            self.feed_metrics(raw, match)
+            return
+        if candidates is None:
+            candidates = DISPATCH.candidates(raw)
         if len(self.events) >= MAX_EVENTS:  # an error storm past the kept events: only facts can still matter
             kept = tuple(i for i in candidates if TABLE[i][0].kind in LATE_KINDS)
             if len(kept) < len(candidates):
@@ -198,9 +285,45 @@ class Evidence:
         for line in normalise(raw.decode("utf-8", "replace")):
             self._line(line, candidates)
 
+    def feed_metrics(self, raw: bytes, match: re.Match[bytes], finite: bool = False) -> None:
+        """feed_bytes of a line metrics_match took (`match`: its result). `finite`: the caller knows its metrics
+        hold no `nan` or `inf` (a bulk search of the chunk)."""
+        self.seq += 1
+        self._metrics_line(int(match.group(1)), raw[match.end() :], raw, finite)
+
+    def feed_metrics_run(self, run) -> None:
+        """feed_metrics of each line of a run of plain metrics lines whose steps each pass the highest so far (the
+        caller checked it), at once: nothing happens between them, so _metrics_line's effects are those of the
+        last line, the head metrics of the first ones, the tail of the last ones. `run`: .steps, .raw(i),
+        .rest(i) (the metrics after `step:N - `), .nonfinite (the lines whose metrics hold `nan` or `inf`)."""
+        steps = run.steps
+        count = len(steps)
+        self.seq += count
+        self._progressed()
+        self.progress_count += count - 1
+        self.max_step = steps[-1]
+        self.reached = max(self.reached, TRAINING)
+        self.phase = "training"
+        if self.noise_after_last_step:
+            self.noise_after_last_step = []
+        self.last_step_line = run.raw(count - 1)
+        head, tail = self.metrics_head, self.metrics_tail
+        parsed: dict[int, dict[str, float]] = {}
+        for i in range(min(count, max(0, METRICS_HEAD_STEPS - len(head)))):
+            head[steps[i]] = parsed[i] = parse_metrics(run.rest(i).decode("utf-8", "replace"))
+        if count > len(parsed):
+            self.metrics_dropped += max(0, len(tail) + count - len(parsed) - METRICS_TAIL_STEPS)
+            tail.extend((steps[i], run.rest(i)) for i in range(max(len(parsed), count - METRICS_TAIL_STEPS), count))
+        for i in run.nonfinite:
+            metrics = parsed[i] if i in parsed else parse_metrics(run.rest(i).decode("utf-8", "replace"))
+            self._check_finite(steps[i], metrics)
+
     def _line(self, line: LogLine, candidates: tuple[int, ...]) -> None:
         self.seq += 1
         text = line.text
+        if text.startswith("ERROR ") and (logged := VLLM_ERROR_RE.match(text)):
+            line = LogLine(line.source, text[logged.end():], line.inner)
+            text = line.text
         if line.source is not None and self.reached < PHASE_INDEX["ray-up"]:
             self._advance("ray-up")
         if "step:" in text:
@@ -215,20 +338,26 @@ class Evidence:
                 self.frames_seen += 1
                 if stripped.endswith((" in fit", " in _fit")):
                     self.fit_seen = True
-                area = frame_category(frame.group(1))
+                area, where = classify_frame(frame.group(1), frame.group(2))
                 if area:
                     self.areas[line.source] = self.areas[ANY_SOURCE] = area
+                if where:
+                    self.wheres[line.source] = self.wheres[ANY_SOURCE] = where
                 if self.open_traceback is None:
                     self.open_traceback = line
                 if "megatron/bridge" not in text:
                     return
+        if stripped.startswith(THREAD_HEADER):
+            self.thread_sources.add(line.source)
+            return
         ignored = noise = hydra = False
         error_pattern: Pattern | None = None
         generic = False
         head = text if len(text) <= ERROR_SCAN_CHARS else text[:ERROR_SCAN_CHARS]
+        encoded = {} if LongText.usable(text) else None  # a long line: Hyperscan answers (LongText)
         for index in candidates:
             pattern, regex = TABLE[index]
-            match = regex.search(text if pattern.kind in FULL_LINE_KINDS else head)
+            match = search_pattern(index, regex, text if pattern.kind in FULL_LINE_KINDS else head, encoded)
             if not match:
                 continue
             kind = pattern.kind
@@ -255,9 +384,13 @@ class Evidence:
             elif kind == "traceback":
                 if line.source is None:
                     self._driver_failure()
+                for frames_of in (self.areas, self.wheres):  # a new traceback: the frames before it are not its
+                    frames_of.pop(line.source, None)
+                    frames_of.pop(ANY_SOURCE, None)
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
             for cause_re, cause in ACTOR_DEATH_CAUSES:
-                if cause not in self.death_causes and cause_re.search(text):
+                if cause not in self.death_causes and (cause_re.search(text) if encoded is None
+                                                       else search_other(cause_re, text, encoded)):
                     self.death_causes.append(cause)
         if noise and self.max_step and len(self.noise_after_last_step) < MAX_NOISE:
             self.noise_after_last_step.append(_shorten(text, 200))
@@ -276,13 +409,16 @@ class Evidence:
         if error_pattern is None and not generic and not log_error:
             return
         self.open_traceback = None  # its exception line is here
+        if generic and wrapper is None and error_pattern is None and line.source in self.thread_sources:
+            self.thread_sources.discard(line.source)
+            noise = True  # the thread ended, the process went on: no cause by itself
         if wrapper and line.source is None:
             self._driver_failure()
         event = _ErrorEvent(
             self.seq, line.source, line.inner, _shorten(text, MAX_EVENT_TEXT), error_pattern, self.phase,
             self.max_step, noise, wrapper.group("method") if wrapper else None,
             wrapper.group("inner") if wrapper else None, self.areas.get(line.source), log_error,
-            nearest=self.areas.get(ANY_SOURCE),
+            nearest=self.areas.get(ANY_SOURCE), where=self.wheres.get(line.source) or self.wheres.get(ANY_SOURCE),
         )
         if len(self.events) < MAX_EVENTS:
             self.events.append(event)
@@ -296,18 +432,19 @@ class Evidence:
     def _progressed(self) -> None:
         """Training went on: every error seen so far was survived (nothing to clear on most step lines)."""
         self.progress_seq = self.seq
+        self.progress_count += 1
         if self.events or self.events_dropped:
             self.events = []
             self.events_dropped = 0
-        if self.areas:
-            self.areas = {}
+        if self.areas or self.wheres:
+            self.areas, self.wheres = {}, {}
         if self.death_causes:
             self.death_causes = []
         self.driver_failure_seq = None
         self.open_traceback = None
         self.fit_seen = False
 
-    def _metrics_line(self, step: int, rest: bytes, raw: bytes) -> None:
+    def _metrics_line(self, step: int, rest: bytes, raw: bytes, finite: bool = False) -> None:
         """`_step` of a bytes `step:N - ` line with N > 0 (the fast path of a long run's metrics lines), inlined;
         its Ray prefix needs no ray-up: training is further."""
         if self.reached < TRAINING:
@@ -328,7 +465,7 @@ class Evidence:
             if len(tail) == METRICS_TAIL_STEPS:
                 self.metrics_dropped += 1
             tail.append((step, rest))
-        if b"nan" in rest or b"inf" in rest:
+        if not finite and (b"nan" in rest or b"inf" in rest):
             self._check_finite(step, metrics if metrics is not None else parse_metrics(rest.decode("utf-8", "replace")))
 
     def _advance(self, phase: str) -> None:

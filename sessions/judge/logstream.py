@@ -37,6 +37,8 @@ RAY_PREFIX_RE = re.compile(
     r"\((?:(?P<name>[A-Za-z_][\w.\-]*)(?:\s+pid=\d+)?|pid=\d+)(?:,\s*ip=[0-9A-Fa-f.:]+)?\)\s?"
 )
 ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:3\d|39|0)m")
+ANSI_BYTES_RE = re.compile(ANSI_RE.pattern.encode())
+ANSI_RESIDUE_BYTES_RE = re.compile(ANSI_RESIDUE_RE.pattern.encode())
 RANK_PREFIX_RE = re.compile(r"^\[[Rr]ank\d+\]:\s?")
 REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
@@ -99,13 +101,19 @@ def normalise(raw: str) -> list[LogLine]:
 
 def step_line_match(line: bytes) -> re.Match[bytes] | None:
     """The `step:N - ` of a metrics line (not `global_step:N`), found with bytes.find before any regex."""
-    pos = line.find(b"step:")
+    return step_match_in(line, 0, len(line))
+
+
+def step_match_in(buf: bytes | bytearray, start: int, end: int) -> re.Match[bytes] | None:
+    """step_line_match of the line buf[start:end], without copying it (offsets are buf's)."""
+    pos = buf.find(b"step:", start, end)
     while pos != -1:
-        if pos == 0 or not (line[pos - 1 : pos].isalnum() or line[pos - 1 : pos] in (b"_", b"/")):
-            match = STEP_AT_BYTES_RE.match(line, pos)
+        before = buf[pos - 1] if pos > start else 32
+        if not (48 <= before <= 57 or 65 <= before <= 90 or 97 <= before <= 122 or before in (95, 47)):
+            match = STEP_AT_BYTES_RE.match(buf, pos, end)
             if match:
                 return match
-        pos = line.find(b"step:", pos + 5)
+        pos = buf.find(b"step:", pos + 5, end)
     return None
 
 
@@ -158,14 +166,15 @@ class NeedleMatcher:
                 raise RuntimeError("hyperscan is not importable")
         self.engine = "hyperscan" if self.database is not None else "bytes.find"
 
-    def line_starts(self, buf: bytearray, hi: int, starts: set[int]) -> None:
-        """Add the start offset of every line in buf[:hi] that holds a needle."""
+    def line_starts(self, buf: bytearray | bytes, hi: int, starts: set[int], lo: int = 0) -> None:
+        """Add the start offset of every line in buf[lo:hi] that holds a needle (lo: a line start)."""
         if self.database is None:
             for needle in self.needles:
-                _collect(buf, needle, 0, hi, starts)
+                _collect(buf, needle, lo, hi, starts)
             return
         ends: list[int] = []
-        self.database.scan(memoryview(buf)[:hi], match_event_handler=lambda _id, _f, to, _fl, _c: ends.append(to))
+        self.database.scan(memoryview(buf)[lo:hi],
+                           match_event_handler=lambda _id, _f, to, _fl, _c: ends.append(to + lo))
         rfind = buf.rfind
         last_line = -1
         for to in ends:  # in order: skip hits in the line just added
@@ -177,17 +186,15 @@ class NeedleMatcher:
             last_line = hi if end == -1 else end
 
 
-def hyperscan_database(needles: Sequence[bytes], single_match: bool = False):
-    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed.
-    `single_match`: one report per literal per scan (enough to know which literals a line holds)."""
+def hyperscan_database(needles: Sequence[bytes]):
+    """A block-mode hyperscan database of the literals (id = index), or None where hyperscan is not installed."""
     try:
         import hyperscan
     except ImportError:
         return None
-    flag = hyperscan.HS_FLAG_SINGLEMATCH if single_match else 0
     database = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
     database.compile(expressions=[re.escape(n) for n in needles], ids=list(range(len(needles))),
-                     elements=len(needles), flags=[flag] * len(needles))
+                     elements=len(needles), flags=[0] * len(needles))
     return database
 
 
@@ -197,23 +204,9 @@ class ScanStats:
     lines_yielded: int = 0
 
 
-def scan_file(
-    path: str | os.PathLike[str],
-    needles: Sequence[bytes] | NeedleMatcher,
-    *,
-    last_only_needle: bytes | None = b"Training Progress",
-    chunk_size: int = CHUNK_SIZE,
-    stats: ScanStats | None = None,
-) -> Iterator[bytes]:
-    """Yield, in file order, every physical line (bytes, no newline) of the file that holds one of `needles`.
-
-    Every byte of the file is searched (no sampling) by a NeedleMatcher over each large chunk, so the Python work is
-    proportional to the lines hit, not to the file. Of the lines holding `last_only_needle` (frequent tqdm redraws)
-    only the last one in the final LAST_ONLY_WINDOW of each chunk is yielded (a bar says how far training got, never
-    that an error was survived). A wrapped `step:N - ...` metrics line comes with its continuation lines joined.
-    """
-    stats = stats if stats is not None else ScanStats()
-    matcher = needles if isinstance(needles, NeedleMatcher) else NeedleMatcher(needles)
+def read_chunks(path: str | os.PathLike[str], chunk_size: int, stats: ScanStats) -> Iterator[tuple[bytearray, int, bool]]:
+    """(buf, cut, eof) per chunk: buf[:cut] holds whole lines (all of the file's rest at eof). The consumer sends
+    back where the next chunk starts (`keep_from`, at most cut: a deferred step line is read again with more)."""
     with open(path, "rb", buffering=0) as handle:
         buf = bytearray(chunk_size + (1 << 16))
         view = memoryview(buf)
@@ -235,41 +228,88 @@ def scan_file(
                 if cut == 0 and filled < MAX_LINE_BYTES:  # no newline in the whole buffer yet: read more
                     continue
                 cut = cut or filled  # a line longer than MAX_LINE_BYTES is read in pieces (memory stays flat)
-            starts: set[int] = set()
-            matcher.line_starts(buf, cut, starts)
-            if last_only_needle is not None:
-                pos = buf.rfind(last_only_needle, max(0, cut - LAST_ONLY_WINDOW), cut)
-                if pos != -1:
-                    starts.add(buf.rfind(b"\n", 0, pos) + 1)
-            consumed = 0  # lines starting before this offset were already yielded (joined continuations)
-            deferred = None
-            for start in sorted(starts):
-                if start < consumed:
-                    continue
-                end = buf.find(b"\n", start, cut)
-                end = cut if end == -1 else end
-                line = bytes(buf[start:end])
-                consumed = end + 1
-                if _is_step_line(line):
-                    nxt = end + 1
-                    while nxt < cut and len(line) < MAX_JOINED_STEP:
-                        nxt_end = buf.find(b"\n", nxt, cut)
-                        if nxt_end == -1:
-                            nxt_end = cut
-                        piece = bytes(buf[nxt:nxt_end])
-                        if not _is_continuation(piece):
-                            break
-                        line += piece.rstrip(b"\r")
-                        consumed = nxt = nxt_end + 1
-                    if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
-                        deferred = start  # its continuation may be in the next chunk: redo it then
-                        break
-                stats.lines_yielded += 1
-                yield line
-            keep_from = deferred if deferred is not None else cut
+            keep_from = yield buf, cut, eof
+            keep_from = cut if keep_from is None else keep_from
             carry = filled - keep_from
             buf[:carry] = buf[keep_from:filled]
             filled = carry
+
+
+def last_bar_start(buf: bytearray, cut: int, needle: bytes | None) -> int | None:
+    """Start of the chunk's last `needle` line within its final LAST_ONLY_WINDOW (None: none there)."""
+    if needle is None:
+        return None
+    pos = buf.rfind(needle, max(0, cut - LAST_ONLY_WINDOW), cut)
+    return None if pos == -1 else buf.rfind(b"\n", 0, pos) + 1
+
+
+def line_at(buf: bytearray | bytes, start: int, cut: int, eof: bool) -> tuple[bytes, int, bool, re.Match | None]:
+    """(line, offset after it, deferred, its `step:N - ` match) for the line at `start`: a `step:N - ...` line
+    with its wrapped continuation lines joined; deferred when those may go on past `cut` (read it again with the
+    next chunk)."""
+    end = buf.find(b"\n", start, cut)
+    end = cut if end == -1 else end
+    line = bytes(buf[start:end])
+    consumed = end + 1
+    step = step_line_match(line) if b"step:" in line else None
+    if step is not None:
+        nxt = end + 1
+        while nxt < cut and len(line) < MAX_JOINED_STEP:
+            nxt_end = buf.find(b"\n", nxt, cut)
+            if nxt_end == -1:
+                nxt_end = cut
+            if buf[nxt : nxt + 1] in (b"\x1b", b"+", b"["):  # no continuation starts so (_is_continuation)
+                break
+            piece = bytes(buf[nxt:nxt_end])
+            if not _is_continuation(piece):
+                break
+            line += piece.rstrip(b"\r")
+            consumed = nxt = nxt_end + 1
+        if nxt >= cut and not eof and len(line) < MAX_JOINED_STEP:
+            return line, consumed, True, step
+    return line, consumed, False, step
+
+
+def scan_file(
+    path: str | os.PathLike[str],
+    needles: Sequence[bytes] | NeedleMatcher,
+    *,
+    last_only_needle: bytes | None = b"Training Progress",
+    chunk_size: int = CHUNK_SIZE,
+    stats: ScanStats | None = None,
+) -> Iterator[bytes]:
+    """Yield, in file order, every physical line (bytes, no newline) of the file that holds one of `needles`.
+
+    Every byte of the file is searched (no sampling) by a NeedleMatcher over each large chunk, so the Python work is
+    proportional to the lines hit, not to the file. Of the lines holding `last_only_needle` (frequent tqdm redraws)
+    only the last one in the final LAST_ONLY_WINDOW of each chunk is yielded (a bar says how far training got, never
+    that an error was survived). A wrapped `step:N - ...` metrics line comes with its continuation lines joined.
+    """
+    stats = stats if stats is not None else ScanStats()
+    matcher = needles if isinstance(needles, NeedleMatcher) else NeedleMatcher(needles)
+    chunks = read_chunks(path, chunk_size, stats)
+    keep_from = None
+    try:
+        while True:
+            buf, cut, eof = chunks.send(keep_from)
+            starts: set[int] = set()
+            matcher.line_starts(buf, cut, starts)
+            bar = last_bar_start(buf, cut, last_only_needle)
+            if bar is not None:
+                starts.add(bar)
+            consumed = 0  # lines starting before this offset were already yielded (joined continuations)
+            keep_from = cut
+            for start in sorted(starts):
+                if start < consumed:
+                    continue
+                line, consumed, deferred, _ = line_at(buf, start, cut, eof)
+                if deferred:
+                    keep_from = start  # its continuation may be in the next chunk: redo it then
+                    break
+                stats.lines_yielded += 1
+                yield line
+    except StopIteration:
+        return
 
 
 def _collect(buf: bytearray, needle: bytes, lo: int, hi: int, starts: set[int]) -> None:

@@ -177,8 +177,10 @@ def first_non_finite(step_metrics: StepMetrics) -> tuple[int, str, float] | None
 
 
 def _window_mean(values: list[float], first: bool) -> tuple[float, float]:
-    """Mean and standard error of the first (or last) quarter of the values (at least one)."""
-    k = max(1, len(values) // 4)
+    """Mean and standard error of the first (or last) quarter of the values, at least two of them: a one-point
+    window has no error estimate, so one lucky step (a random model's single reward at the last of six steps, seen
+    on the H200) would read as a trend."""
+    k = max(2, len(values) // 4)
     window = values[:k] if first else values[-k:]
     mean = statistics.fmean(window)
     se = statistics.stdev(window) / math.sqrt(k) if k > 1 else 0.0

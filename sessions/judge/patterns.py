@@ -190,9 +190,14 @@ def _p(*args, **kwargs) -> Pattern:
 PATTERNS: tuple[Pattern, ...] = (
     # -- lines that look like errors but are not (healthy runs print them) --------------------------------------
     _p("optional-engine", "not available", r"engine is not available|is not available, (?:skip|fall)", "ignore"),
-    _p("py-warning", "arn", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker)|warnings\.warn\(", "ignore"),
+    # Ray's "Warning: The following resource request cannot be scheduled" is evidence (ray-unschedulable)
+    _p("py-warning", "arn", r"^(?:\S+:\d+: )?\w*Warning: (?!resource_tracker|The following resource request)|"
+       r"warnings\.warn\(", "ignore"),
     _p("log-warning", "W", r"^(?:\[?W\d{4} |WARNING[ :\]]|\[WARNING\]|\S+ WARNING |\(\w+\) WARNING |"
        r"\[[\d\- :,]+\] WARNING)", "ignore"),
+    # an INFO-level logger line (Python logging, vLLM, glog `I0901 ...`) reports, it does not fail: no error evidence
+    _p("log-info", "INFO", r"^(?:INFO[ :]|\[I\d{4} |\[INFO\]|\S+ INFO |\(\w+\) INFO |\[[\d\- :,]+\] INFO|"
+       r"\d{4}-\d\d-\d\d[ T][\d:,.]+ INFO )", "ignore", any_of=("INFO", "[I")),
     _p("failed-import-warning", "Failed to import", r"Failed to import from", "ignore"),
     # -- shutdown chatter: residual noise after the run completed -----------------------------------------------
     _p("resource-tracker", "resource_tracker", r"resource_tracker", "noise"),
@@ -278,6 +283,10 @@ PATTERNS: tuple[Pattern, ...] = (
     # -- named causes: positive environment evidence (Blocked) ---------------------------------------------------
     _p("worker-no-bridge", "No module named", r"No module named 'megatron\.bridge'", "error",
        category="env-ray-import", result="blocked"),
+    # the driver runs verl: a Ray task that cannot import it is a worker without the driver's PYTHONPATH
+    _p("worker-no-verl", "No module named", r"(?:RaySystemError|RayTaskError|RayActorError|ActorDiedError)\b.*"
+       r"No module named 'verl[.']", "error", category="env-ray-import", result="blocked",
+       any_of=("RaySystemError", "RayTaskError", "RayActorError", "ActorDiedError")),
     _p("bridge-not-found", "Megatron-Bridge package not found", r"Megatron-Bridge package not found", "error",
        category="env-ray-import", result="blocked", covered_by="Bridge"),
     _p("bridge-submodule", "No module named", r"No module named 'megatron\.bridge\.[\w.]+'", "error",
@@ -322,6 +331,11 @@ PATTERNS: tuple[Pattern, ...] = (
        category="provider", result="fail",
        hint="verl imports a name this Bridge checkout does not have (API drift between verl and Bridge).",
        covered_by="rror"),
+    # a model type newer than the installed transformers (Qwen3, Gemma3 on an old image): a dependency version
+    _p("transformers-arch", "does not recognize this architecture",
+       r"Transformers does not recognize this architecture", "error", category="env-dependency", result="blocked",
+       covered_by="rror",
+       hint="The installed transformers is older than this model type: upgrade transformers in the run's Python."),
     _p("import-name", "cannot import name", r"cannot import name '\w+' from", "error", category="env-dependency",
        result="blocked", covered_by="rror"),
     _p("hydra-override", "Could not override", r"Could not override '([^']+)'", "error", category="config",
@@ -342,6 +356,14 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("disk-full", "No space", r"No space left on device", "error", category="env-disk", result="blocked"),
     _p("disk-quota", "quota exceeded", r"[Dd]isk quota exceeded", "error", category="env-disk", result="blocked",
        covered_by="rror"),
+    _p("ray-disk", "OutOfDiskError", r"OutOfDiskError", "error", category="env-disk", result="blocked",
+       covered_by="rror"),
+    _p("ray-runtime-env", "RuntimeEnvSetupError", r"RuntimeEnvSetupError", "error", category="env-ray-import",
+       result="blocked", covered_by="rror",
+       hint="Ray could not set up the workers' runtime_env (pip/conda/working_dir): read the runtime_env log and "
+            "the ray_kwargs.ray_init.runtime_env overrides."),
+    _p("no-device", "infer device type", r"Failed to infer device type", "error", category="env-no-gpu",
+       result="blocked", covered_by="rror"),
     _p("data-parquet", "parquet", r"(?:FileNotFoundError|No such file or directory|does not exist|Unable to find)"
        r".*\.parquet",
        "error", category="data", result="blocked", covered_by="rror"),
@@ -355,13 +377,20 @@ PATTERNS: tuple[Pattern, ...] = (
        also=("does not appear to have", "no such file", "not a local folder", "incorrect path_or_model_id",
              "can't load", "not found")),
     _p("model-missing", "", r"Unrecognized model in \S+|does not appear to have a file named config\.json|"
+       r"Error no file named \S+.* found in directory|"
        r"is not a local folder and is not a valid model identifier|Incorrect path_or_model_id|"
        r"Can't load (?:tokenizer|the configuration|config) for|LocalEntryNotFoundError|"
-       r"couldn't connect to 'https://huggingface\.co'", "error",
+       r"couldn't connect to 'https://huggingface\.co'|GatedRepoError|RepositoryNotFoundError|gated repo|"
+       r"(?:MaxRetryError|ConnectTimeoutError|NameResolutionError|ConnectionError)\b.*huggingface\.co|"
+       # a model file, not a checkpoint's (those are checkpoint failures)
+       r"No such file or directory: '(?![^']*global_step)[^']*(?:/config\.json|/tokenizer(?:_config)?\.json|"
+       r"\.safetensors|/pytorch_model[\w.-]*\.bin)'", "error",
        category="data", result="blocked",
        hint="The model path does not hold a Hugging Face model (config.json): check MODEL_PATH "
             "(`invoke download-model`).",
-       any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load", "LocalEntryNotFoundError", "couldn't connect")),
+       any_of=("Unrecognized model", "config.json", "not a local folder", "Incorrect path_or_model_id", "Can't load",
+               "LocalEntryNotFoundError", "couldn't connect", "GatedRepoError", "RepositoryNotFoundError",
+               "huggingface.co", "No such file or directory", "gated repo", "no file named")),
     _p("ray-init", "", r"Failed to connect to GCS|Failed to get cluster ID from GCS|Could not find any running "
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
        category="env-ray-import", result="blocked",
@@ -374,10 +403,18 @@ PATTERNS: tuple[Pattern, ...] = (
        r"requires? \d+ gpus?.*(?:only|but) \d+", "error", category="env-no-gpu", result="blocked",
        covered_by="rror", any_of=("GPU", "gpu", "devices", "DEVICES"),
        also=("not enough", "insufficient", "is less than", "require")),
+    # Slurm stopped the step (time limit, scancel, preemption): the launcher, not the run (`slurmstepd: error: ***`)
+    _p("slurm-cancelled", "CANCELLED AT", r"\*\*\* (?:JOB|STEP) [\d._]+ ON \S+ CANCELLED AT", "error",
+       category="interrupted", result="blocked", covered_by="rror"),
+    _p("torch-no-cuda", "not compiled with CUDA", r"Torch not compiled with CUDA enabled", "error",
+       category="env-dependency", result="blocked", covered_by="rror",
+       hint="The run's torch has no CUDA (a CPU, ROCm or NPU build): install the CUDA build of torch the image expects."),
     _p("keyboard-interrupt", "KeyboardInterrupt", r"^KeyboardInterrupt", "error", category="interrupted",
        result="blocked"),
     # -- named causes that fail the run ------------------------------------------------------------------------
     _p("cuda-oom", "ut of memory", r"[Oo]ut of memory", "error", category="oom", result="fail", covered_by="emory"),
+    _p("cgroup-oom", "oom_kill", r"Detected \d+ oom[_-]kill events?", "error", category="oom", result="fail",
+       covered_by="rror", any_of=("oom_kill", "oom-kill")),
     _p("oom-error", "OutOfMemoryError", r"OutOfMemoryError", "error", category="oom", result="fail",
        covered_by="rror"),
     _p("ray-oom", "low on memory", r"running low on memory", "error", category="oom", result="fail",
@@ -397,7 +434,8 @@ PATTERNS: tuple[Pattern, ...] = (
             "the image or the device visibility; not a Bridge provider failure."),
     _p("gloo-timeout", "imed out", r"Timed out waiting \d+ ?ms for (?:recv|send)|gloo.*[Tt]imed out", "error",
        category="hang", result="fail"),
-    _p("nccl-error", "", r"NCCL error|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was aborted",
+    _p("nccl-error", "", r"NCCL [Ee]rror|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was "
+       r"aborted|retrieving ncclUniqueId",
        "error", category="nccl", result="fail",
        any_of=("NCCL", "nccl", "DistBackendError", "DistNetworkError")),
     _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
@@ -411,9 +449,11 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="rror"),
     _p("rollout-loop", "rror", r"(?:vLLM|SGLang|sglang)\w* \w+ error|vLLMAsyncRollout.*error", "error",
        category="rollout", result="fail", also=("vLLM", "SGLang", "sglang")),
-    _p("dist-ckpt", "heckpoint", r"CheckpointingException|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)", "error",
-       category="checkpoint", result="fail",
-       also=("CheckpointingException", "rror", "failed", "mismatch", "corrupt")),
+    _p("dist-ckpt", "heckpoint", r"Checkpoint(?:ing)?Exception|checkpoint.*(?:[Ee]rror|failed|mismatch|corrupt)",
+       "error", category="checkpoint", result="fail",
+       also=("CheckpointingException", "CheckpointException", "rror", "failed", "mismatch", "corrupt")),
+    _p("ckpt-file-missing", "global_step_", r"No such file or directory: '[^']*global_step_\d+", "error",
+       category="checkpoint", result="fail", covered_by="rror"),
     _p("state-dict", "", r"(?:Missing|Unexpected) key\(s\) in state_dict|size mismatch for|"
        r"Error\(s\) in loading state_dict", "error",
        category="provider", result="fail", hint="Weights and model do not match: check the provider's param "
@@ -439,13 +479,15 @@ PATTERNS: tuple[Pattern, ...] = (
        r"not supported)", "error", category="provider", result="fail", hint=H_LORA, covered_by="rror",
        also=("not found", "no match", "did not match", "not present", "not supported")),
     _p("config-check", "", r"(?:batch_size|micro_batch|mini_batch|n_gpus|world_size|nnodes|num_gpus)\w*.*"
-       r"(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least)", "error",
+       r"(?:(?:must|should) be (?:divisible|larger|greater|less|smaller|a multiple|at least|>=|<=|>|<)|"
+       r"is not divisible by)", "error",
        category="config", result="fail", covered_by="rror",
-       any_of=("must be", "should be")),
+       any_of=("must be", "should be", "is not divisible by")),
     _p("reward-fn", "eward", r"Reward function is not implemented|reward function .*not (?:implemented|found)",
        "error", category="reward-model", result="fail", covered_by="rror", also=("not implemented", "not found")),
-    _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|ConfigCompositionException|ConfigKeyError|"
-       r"ConfigAttributeError", "error", category="config", result="fail", covered_by="rror"),
+    _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|"
+       r"ConfigKeyError|ConfigAttributeError", "error", category="config", result="fail", covered_by="rror",
+       any_of=("omegaconf", "hydra.errors", "ConfigCompositionException", "ConfigKeyError", "ConfigAttributeError")),
     _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
        result="fail", covered_by="rror"),
     _p("actor-died", "", r"ActorDiedError(?!: The actor died because of an error raised in its "
@@ -512,8 +554,8 @@ WRAPPED_CATEGORIES = {
     "ActorDiedError": "actor-died", "OutOfMemoryError": "oom", "DistBackendError": "nccl",
     "DistStoreError": "hang", "ModuleNotFoundError": "env-ray-import",
 }
-# A traceback frame line (its package is classified in structure.py).
-FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+""")
+# A traceback frame line: its file (the package, frames.py) and its function (verl's loop area, frames.py).
+FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+(?:, in (\S+))?""")
 # A nested failure in a rollout server (vLLM) names the rollout category when the innermost line is generic.
 ROLLOUT_SOURCE_RE = re.compile(r"vLLM|EngineCore|AgentLoop|sglang|generate_sequences|launch_server")
 

@@ -1,8 +1,10 @@
 """Where a failure happened, from the structure of the log rather than from its message: small tables.
 
 (a) the Ray actor method that raised (`ray::WorkerDict.actor_rollout_init_model()` and the like) -> an area of verl's
-    loop (model-build, rollout, weight-sync, training, checkpoint, worker creation, setup);
-(b) the packages of the traceback frames nearest the exception -> a category (provider, rollout, nccl, data, ...);
+    loop (model-build, rollout, weight-sync, training, checkpoint, reward, worker creation, setup); the function of
+    the innermost verl frame (frames.py) names a finer area where it has one (`_build_rollout` inside init_model);
+(b) the packages of the traceback frames nearest the exception (frames.py) -> a category (provider, rollout, nccl,
+    data, ...);
 (c) the exception type and message stay with the pattern table (patterns.py).
 
 `category_from_structure` combines (a) and (b); the verdict engine falls back to (c) and says in the JSON which of
@@ -14,38 +16,33 @@ from __future__ import annotations
 import re
 
 # (a) verl's remote methods (verl/workers/*_workers.py, single_controller, TaskRunner in main_ppo.py) -> area.
-# First match wins; WorkerDict methods are `<role>_<method>` (actor_rollout_init_model, critic_update_critic).
-METHOD_AREAS = (
-    (re.compile(r"update_weights|sync_weights|sync_rollout_weights|rollout_mode|send_weights|weight_sync"),
-     "weight-sync"),
-    (re.compile(r"save_checkpoint|load_checkpoint|checkpoint", re.I), "checkpoint"),
-    (re.compile(r"init_model|build_model|_build_"), "model-build"),
-    (re.compile(r"generate_sequences|AgentLoop|agent_loop|launch_server|vLLM|sglang|SGLang|wake_up|sleep|"
-                r"generate\b"), "rollout"),
-    (re.compile(r"update_actor|update_critic|compute_log_prob|compute_ref_log_prob|compute_values|compute_rm_score|"
-                r"train"), "training"),
-    (re.compile(r"WorkerDict\.__init__|Worker\w*\.__init__"), "worker-creation"),
-    (re.compile(r"TaskRunner\w*\.run|main_task"), "setup"),
-)
+# First match wins; WorkerDict methods are `<role>_<method>` (actor_rollout_init_model, critic_update_critic,
+# rm_compute_rm_score: the role `rm` is the reward model whatever the method).
+METHOD_AREAS = tuple((re.compile(rx), area) for rx, area in (
+    (r"\.rm_|[Rr]eward", "reward"),
+    # verl's checkpoint engine is the actor -> rollout weight transfer, not a checkpoint save
+    (r"update_weights|sync_weights|sync_rollout_weights|rollout_mode|send_weights|receive_weights|weight_sync|"
+     r"CheckpointEngine|checkpoint_engine", "weight-sync"),
+    (r"save_checkpoint|load_checkpoint", "checkpoint"),
+    (r"init_model|build_model|_build_", "model-build"),
+    (r"generate_sequences|AgentLoop|agent_loop|launch_server|init_engine|vLLM|vllm|SGLang|sglang|Rollout\w*\.|"
+     r"Replica|wake_up|\.sleep|generate\b", "rollout"),
+    (r"update_actor|update_critic|compute_log_prob|compute_ref_log_prob|compute_values|train_\w+|Trainer\w*\.",
+     "training"),
+    (r"\.__init__$", "worker-creation"),
+    (r"TaskRunner\w*\.run|main_task", "setup"),
+))
 # area -> the phase it implies
 AREA_PHASES = {
     "weight-sync": "rollout-up", "checkpoint": "checkpoint", "model-build": "model-build", "rollout": "rollout-up",
-    "training": "training", "worker-creation": "ray-up", "setup": "launch",
+    "training": "training", "worker-creation": "ray-up", "setup": "launch", "reward": "training", "data": "launch",
+    "config": "launch", "resources": "ray-up",
 }
-
-# (b) frame file path -> category; the frame nearest the exception that any row classifies decides.
-FRAME_PACKAGES = (
-    (re.compile(r"bucketed_weight_transfer|weight_transfer|checkpoint_engine/|sharding_manager|weight_sync|"
-                r"/megatron/bridge/.*export|export_weights|update_weights"), "weight-sync"),
-    (re.compile(r"dist_checkpointing|/utils/checkpoint/|checkpoint_manager|checkpointing\.py|model_merger|"
-                r"safetensors"), "checkpoint"),
-    (re.compile(r"/megatron/bridge/|/mbridge/|/models/mcore/"), "provider"),
-    (re.compile(r"/megatron/core/"), "megatron-core"),
-    (re.compile(r"vllm|sglang|/rollout/|agent_loop"), "rollout"),
-    (re.compile(r"/utils/dataset/|rl_dataset|sft_dataset|/datasets/|pyarrow|/dataset\.py"), "data"),
-    (re.compile(r"reward_manager|reward_score|/reward/|reward_model|reward_loop"), "reward-model"),
-    (re.compile(r"torch/distributed/(?!tensor/|fsdp/|_tensor/|checkpoint/)|/gloo/|nccl|c10d"), "nccl"),
-)
+# areas that name a category wherever their frames are
+AREA_CATEGORIES = {
+    "weight-sync": "weight-sync", "checkpoint": "checkpoint", "reward": "reward-model", "data": "data",
+    "config": "config", "resources": "env-no-gpu",
+}
 
 
 def method_area(method: str | None) -> str | None:
@@ -57,13 +54,6 @@ def method_area(method: str | None) -> str | None:
     return None
 
 
-def frame_category(path: str) -> str | None:
-    for frame_re, category in FRAME_PACKAGES:
-        if frame_re.search(path):
-            return category
-    return None
-
-
 # Exception types that name a setup category by themselves when raised before any worker (TaskRunner.run()).
 SETUP_TYPES = {
     "FileNotFoundError": "data", "IsADirectoryError": "data", "ArrowInvalid": "data", "ArrowIOError": "data",
@@ -72,28 +62,30 @@ SETUP_TYPES = {
 }
 
 
+# Exception types that name a category by themselves while a model is built (no classified frame says more).
+BUILD_TYPES = {"FileNotFoundError": "data", "IsADirectoryError": "data"}
+
+
 def category_from_structure(area: str | None, frames: str | None, exc_type: str | None,
                             building: bool) -> str | None:
-    """The category (a) the method's area and (b) the nearest classified frame give together; None: they say
-    nothing. `building`: the model is being built or converted (megatron/core frames then name the provider)."""
+    """The category (a) the area of verl's loop and (b) the nearest classified frame give together; None: they
+    say nothing. `building`: the model is being built or converted (megatron/core frames then name the provider)."""
     if frames == "megatron-core":
         frames = "provider" if building or area in ("model-build", "weight-sync") else None
-    if area == "weight-sync":
-        return "weight-sync"
-    if area == "checkpoint":
-        return "checkpoint"
+    if area in AREA_CATEGORIES:
+        return AREA_CATEGORIES[area]
     if area == "setup":
-        if frames in ("data", "reward-model", "provider", "rollout"):
+        if frames in ("data", "reward-model", "provider", "rollout", "config", "checkpoint"):
             return frames
         return SETUP_TYPES.get(exc_type or "", "config")
     if area == "worker-creation":
         return frames or "config"
-    if area == "model-build":
-        return frames if frames and frames != "weight-sync" else "provider"
+    if area == "model-build":  # init_model builds actor, ref, critic and rollout: the frames say which failed
+        if frames is None:  # else the exception: a file missing while building is the model path's
+            return BUILD_TYPES.get(exc_type or "")
+        return frames if frames != "weight-sync" else "provider"
     if area == "rollout":
-        return frames if frames in ("provider", "weight-sync", "nccl") else "rollout"
-    if area == "training":
-        return frames
+        return frames if frames in ("provider", "weight-sync", "nccl", "reward-model") else "rollout"
     return frames
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from sessions.judge.decide import decide
 from sessions.judge.evidence import Evidence, parse_metrics
-from sessions.judge.logstream import NeedleMatcher, ScanStats, join_wrapped, scan_file
+from sessions.judge.logstream import CHUNK_SIZE, NeedleMatcher, ScanStats, join_wrapped, scan_file
 from sessions.judge.patterns import COMPLETE_BAR_NEEDLE, LAST_ONLY_NEEDLE, SCAN_NEEDLES
 from sessions.judge.record import (
     CATEGORIES,
@@ -42,6 +42,7 @@ from sessions.judge.record import (
     Criterion,
     Verdict,
 )
+from sessions.judge.skim import LastingLines, Skim
 
 __all__ = [
     "ALL_NEEDLES", "CATEGORIES", "CRITERION_STATUSES", "NOT_SHOWN", "PHASES", "RESULTS", "Criterion", "Evidence",
@@ -53,6 +54,15 @@ ALL_NEEDLES = SCAN_NEEDLES + (LAST_ONLY_NEEDLE, COMPLETE_BAR_NEEDLE)
 SCAN_NEEDLES_BYTES = tuple(n.encode() for n in SCAN_NEEDLES + (COMPLETE_BAR_NEEDLE,))
 SNIFF_BYTES = 1 << 16
 _MATCHER: NeedleMatcher | None = None
+_LASTING: LastingLines | None = None
+
+
+def lasting_lines() -> LastingLines:
+    """The skimming reader's finder of lasting lines (built once per process)."""
+    global _LASTING
+    if _LASTING is None:
+        _LASTING = LastingLines(scan_matcher())
+    return _LASTING
 
 
 def scan_matcher() -> NeedleMatcher:
@@ -120,17 +130,23 @@ def judge_log(
     bridge_src: str | None = None,
     matcher: NeedleMatcher | None = None,
     level_rule: bool = False,
+    chunk_size: int = CHUNK_SIZE,
 ) -> Verdict:
     """Judge a log file, streamed in large chunks (constant memory, every line searched). `bridge_src`: the
     expected `$BRIDGE_REPO/src`; a megatron.bridge path printed outside it fails the level's Bridge criterion.
     `matcher`: the line prefilter (tests pass one without Hyperscan to check both find the same lines).
-    `level_rule`: with a level, also apply that level's own rule from the log (`invoke judge --level N`)."""
+    `level_rule`: with a level, also apply that level's own rule from the log (`invoke judge --level N`).
+    `chunk_size`: bytes read at a time (tests make it small)."""
     _check_termination(termination)
     judge = Evidence(level, steps_expected, exit_code, termination, bridge_src)
     judge.input_note = sniff(path)
     matcher = scan_matcher() if matcher is None else matcher
-    for raw in scan_file(path, matcher, last_only_needle=LAST_ONLY_NEEDLE.encode(), stats=ScanStats()):
-        judge.feed_bytes(raw)
+    lasting = lasting_lines() if matcher.engine == "hyperscan" else None
+    if lasting is not None and lasting.available:  # the same lines fed, but not those the next progress clears
+        Skim(judge, matcher, lasting, LAST_ONLY_NEEDLE.encode()).run(path, chunk_size, ScanStats())
+    else:
+        for raw in scan_file(path, matcher, last_only_needle=LAST_ONLY_NEEDLE.encode(), chunk_size=chunk_size):
+            judge.feed_bytes(raw)
     return decide(judge, level_rule=level_rule, log_path=str(path))
 
 

@@ -27,7 +27,7 @@ from env.preflight.checklist import (
 )
 from env.preflight.pythonpath import compose
 from env.protocol import exits, lines
-from env.protocol.cli import EXIT_BY_RESULT, task_remainder
+from env.protocol.cli import task_remainder
 from env.protocol.flags import Flag, FlagTable, task_from_table, validate
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import TOOL_PREFIX, Resolved, UsageError, config_section, require_writable_dir, resolve
@@ -435,14 +435,7 @@ def run_level(c: Any, number: int, flags: dict[str, Any]) -> int:
     lines.say_run_dir(run_dir)
     if level.owns_checkpoints and not opts.keep_checkpoints:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-    if _interrupted(record):  # Ctrl-C / SIGTERM: the summary is written, the exit code says what happened
-        return exits.INTERRUPTED
-    return EXIT_BY_RESULT[summary["result"]]
-
-
-def _interrupted(record: dict) -> bool:
-    return (any(e.get("termination") == "interrupted" for e in record["runs"])
-            or str(record.get("stopped_before_verl") or "").startswith("interrupted"))
+    return summary["exit_code"]  # 130 when Ctrl-C / SIGTERM stopped it: the summary is written first
 
 
 def ensure_bridge_checks(settings: Resolved, ctx: RunContext, opts: LevelOptions, run_dir: Path) -> BridgeChecks:

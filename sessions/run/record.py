@@ -11,6 +11,7 @@ from pathlib import Path
 
 from env import presets
 from env.preflight.checklist import BLOCKED
+from env.protocol import exits
 from env.protocol.cli import EXIT_BY_RESULT
 from env.settings import UsageError
 from sessions.bridge_unit.records import not_requested
@@ -168,7 +169,9 @@ def summarize_run_dir(run_dir: Path) -> dict:
     summary = {
         "suite": f"verl-e2e.level{number}",
         "result": result,
-        "exit_code": EXIT_BY_RESULT[result],
+        # what the level process returned: an interrupted run is 130 whatever its Result word says
+        "exit_code": exits.INTERRUPTED if interrupted(record) else EXIT_BY_RESULT[result],
+        "interrupted": interrupted(record),
         "sentence": sentence,
         "coverage": title + (" with enforce_eager" if record["options"].get("enforce_eager") else "")
         + (" (dummy model)" if record["options"].get("dummy_config") else "")
@@ -193,6 +196,12 @@ def summarize_run_dir(run_dir: Path) -> dict:
     return summary
 
 
+def interrupted(record: dict) -> bool:
+    """Ctrl-C / SIGTERM stopped the run (its wrapper, or the Bridge-side checks before it)."""
+    return (any(e.get("termination") == "interrupted" for e in record["runs"])
+            or str(record.get("stopped_before_verl") or "").startswith("interrupted"))
+
+
 def _describe(state: dict) -> str:
     from env.repos import RepoState
 
@@ -212,4 +221,4 @@ def report_command(run_dir: str) -> int:
                          f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
     write_reports(path, summary)
     sys.stdout.write(render_markdown(summary))
-    return EXIT_BY_RESULT[summary["result"]]
+    return summary["exit_code"]
