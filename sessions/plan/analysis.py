@@ -59,6 +59,7 @@ class ChangedUnit:
     edited: list[str] = field(default_factory=list)  # every name of its edited statements (both sides, undiffed)
     edited_expert: list[str] = field(default_factory=list)  # those on lines that run only for experts
     reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
+    sets: list[str] = field(default_factory=list)  # what its changed statements set (targets, keyword arguments)
 
     @property
     def name(self) -> str:
@@ -254,7 +255,10 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             f: fam.sites.by_feature[f][:3] for f in fam.features()},
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
             "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files),
-            "own": fam.folder == plan_features.folder_of(unit.file)})  # else it calls into another family's code
+            "own": fam.folder == plan_features.folder_of(unit.file),  # else it calls into another family's code
+            "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units),
+            "builds": {f: fam.builds.by_feature[f][:3] for f in fam.builds.features()},
+            "layer_reads": sorted(set(targets) & fam.layer_reads)})
     return touched.by_feature, served
 
 
@@ -347,9 +351,13 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                          family=plan_features.folder_of(unit.file), strings=ev.strings, conditions=ev.conditions,
                          edited=sorted(set((Counter(raw) - expert - spaced).elements())),
                          edited_expert=sorted(set((expert - spaced).elements())),
-                         reporting=bool(sides) and all(e.only_logging for e in sides))
+                         reporting=bool(sides) and all(e.only_logging for e in sides),
+                         sets=sorted(set(targets)))
         if tier != "none":
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
+            if cu.edited_expert and tier in ("calls", "api"):  # lines under `if is_expert:`: the MoE path only
+                cu.touched.setdefault("moe", []).append(
+                    f"lines that run only for experts: {', '.join(cu.edited_expert[:3])}")
         if tier == "calls" and unit.kind != "module":
             if not entry_reach:
                 for e in entries:

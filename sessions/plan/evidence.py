@@ -71,7 +71,8 @@ class Evidence:
     strings: list[str] = field(default_factory=list)  # name-like strings of the changed code (parameter names of a
     # mapping table, HF config keys): what the code converts, never prose (no spaces) nor a docstring
     conditions: list[str] = field(default_factory=list)  # source of the conditions the changed lines run under
-    targets: list[str] = field(default_factory=list)  # what the edited statements set (assignment targets)
+    targets: list[str] = field(default_factory=list)  # what the edited statements set (assignment targets and
+    # keyword arguments of changed lines)
     name: list[str] = field(default_factory=list)  # the unit's own names (class and method apart)
     exits: list[str] = field(default_factory=list)  # names of early exits before the changed lines: what they rule
     # out is no subject, but a size they compare (`if self.ep_size == 1: return`) is one the lines after need
@@ -201,6 +202,8 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
             name = n.arg
         elif isinstance(n, ast.keyword) and n.arg:
             name = n.arg
+            if line in lines:
+                ev.targets.append(n.arg)  # a keyword on a changed line sets that field (`Provider(window_size=...)`)
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs \
                 and NAME_LIKE.fullmatch(n.value):
             ev.strings.append(n.value)

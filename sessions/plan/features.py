@@ -198,6 +198,9 @@ class FamilyModel:
     sites: Sites = field(default_factory=Sites)
     layer_units: set[str] = field(default_factory=set)  # its own layer modules / specs (and their methods)
     layer_files: set[str] = field(default_factory=set)  # files defining them
+    config_units: set[str] = field(default_factory=set)  # its bridge and provider classes (with their methods)
+    builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
+    layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
 
     @property
     def name(self) -> str:
@@ -265,8 +268,44 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             own = [unit.node] if unit.kind != "class" else [unit.node]
             nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
             fam.sites.update(sites_in(nodes, file=unit.file))
+        _config_code(index, fam)
         out.append(fam)
     return out
+
+
+# What the family *builds*: its bridge (provider_bridge, mapping_registry: the HF config and weights it maps) and its
+# provider classes. A feature there is a property of every model of the family (a MoE family builds experts in every
+# MoE layer), unlike a feature of shared modelling code the family's folder also holds (a VL model class that
+# handles `moe_layer_freq` for its MoE sibling).
+PROVIDER_WORDS = ("provider", "model config")
+
+
+def is_provider_class(index: BridgeIndex, unit: Unit) -> bool:
+    if unit.kind != "class" or not isinstance(unit.node, ast.ClassDef):
+        return False
+    names = [unit.node.name] + [x for x in (_last_name(b) for b in unit.node.bases) if x]
+    return any(_hit(words_of(n), PROVIDER_WORDS) for n in names)
+
+
+def _config_code(index: BridgeIndex, fam: FamilyModel) -> None:
+    """The family's bridge and provider classes (its config code), the features they build, and the config fields
+    its own layer modules read (`self.config.window_size` in its attention class)."""
+    bridge = index.units[fam.bridge]
+    classes = [bridge] + [index.units[k] for k in sorted(fam.units)
+                          if k != fam.bridge and is_provider_class(index, index.units[k])]
+    for cls in classes:
+        fam.config_units.add(cls.key)
+        fam.config_units.update(cls.methods.values())
+        fam.builds.update(sites_in(_class_own(cls), file=cls.file))
+        for m in cls.methods.values():
+            fam.builds.update(sites_in(list(ast.walk(index.units[m].node)), file=index.units[m].file))
+    for k in fam.layer_units:
+        u = index.units[k]
+        if u.kind == "function" or (u.kind == "class" and not is_layer_class(u.node)):
+            continue  # a spec function reads sizes to pick modules; the layer modules' own reads are its behaviour
+        for n in ast.walk(u.node):
+            if isinstance(n, ast.Attribute) and _last_name(n.value) == "config" and isinstance(n.ctx, ast.Load):
+                fam.layer_reads.add(n.attr)
 
 
 def _module_own(unit: Unit) -> list[ast.AST]:

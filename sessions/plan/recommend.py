@@ -225,6 +225,9 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
         hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
+    if u.tier == "calls" and rule.sets_in and not u.new and _matches(u.file, rule.sets_in):
+        # a field an existing provider or adapter now sets differently (a new one's defaults are Level 0's)
+        hits += topic_hits(rule, [s for s in u.sets if not plan_features.FLAG.match(s)])
     return sorted(set(hits))
 
 
@@ -264,17 +267,48 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
         own = fam.get("own", True)  # a family reusing another family's code: only that code's layer counts
-        take = dict(feats) if fam["new"] and own else {}
+        builds = fam.get("builds", {})
+        take: dict[str, tuple[str, list[str]]] = {}
+        if fam["new"] and own:
+            take.update({f: (f"{fam['family']} is new and has {f}", facts) for f, facts in feats.items()})
         if "vlm" in feats and own:
-            take["vlm"] = feats["vlm"]
+            take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
+        if own and fam.get("config") and u.tier == "calls" and u.entries:
+            # its bridge or provider config (what verl's provider and weight calls build every model of the family
+            # from) changed: a MoE family builds experts in its MoE layers, a VLM family its vision side, whatever
+            # the changed field is — unless the change is on the vision side only (a vision encoder has no experts)
+            vision_only = "vlm" in u.touched and not set(u.touched) - {"vlm"}
+            for f in WHOLE_MODEL:
+                if f in builds and not (f == "moe" and vision_only):
+                    take.setdefault(f, (f"{fam['family']}'s bridge/provider changed and it builds {f}", builds[f]))
+            weights_in = [e for e in u.entries if _weight_import(e)]
+            if "quantized" in builds and weights_in:
+                take.setdefault("quantized", (
+                    f"{fam['family']} imports quantized HF weights and the change is on that import "
+                    f"({weights_in[0]})", builds["quantized"]))
         if fam["layer"]:
-            take["custom-layer"] = feats.get("custom-layer") or ["its own layer code"]
-        for f, facts in take.items():
-            why = (f"{fam['family']} is new and has {f}" if fam["new"] else
-                   f"{fam['family']} is a vision-language family" if f == "vlm" else
-                   f"{fam['family']}'s own layer code changed")
-            out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}")
+            take["custom-layer"] = (f"{fam['family']}'s own layer code changed",
+                                    feats.get("custom-layer") or ["its own layer code"])
+        elif own and fam.get("layer_reads"):
+            take.setdefault("custom-layer", (
+                f"the change sets {', '.join(fam['layer_reads'][:3])}, read by {fam['family']}'s own layer modules",
+                feats.get("custom-layer") or []))
+        for f, (why, facts) in take.items():
+            out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}" if facts else why)
     return out
+
+
+# Features of what a whole model is: every layer of a MoE family routes to experts, a VLM always has its vision
+# side. Any change to such a family's bridge or provider involves them. MTP, quantized weights, ModelOpt and
+# custom layers are parts of a model: a change involves them only where it touches them.
+WHOLE_MODEL = ("moe", "vlm")
+WEIGHT_IMPORT = ("load hf weights", "load weights", "hf to megatron", "import ckpt", "import hf")
+
+
+def _weight_import(label: str) -> bool:
+    """A verl entry point that loads HF weights into the Megatron model (`AutoBridge.load_hf_weights`)."""
+    words = set(plan_features.words_of(label.split(".")[-1]))
+    return any(set(t.split()) <= words for t in WEIGHT_IMPORT)
 
 
 def recommend(change: Change, analysis: Analysis | None = None) -> Plan:

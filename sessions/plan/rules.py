@@ -61,6 +61,8 @@ class Rule:
     code_topics: tuple[str, ...] = ()  # evidence="code": topics for the code's names when narrower than `topics`
     code_in: tuple[str, ...] = ()  # globs where the names of changed code verl runs count, not only its subject
     unless: tuple[str, ...] = ()  # topics that make an identifier mean something else (activation checkpointing)
+    sets_in: tuple[str, ...] = ()  # globs where a field the changed code *sets* counts (`moe_aux_loss_coeff = ...`
+    # in a provider changes the loss), not only its subject
 
 
 # Megatron's modules whose functions are the mpu state itself (`parallel_state.get_tensor_model_parallel_rank()`);
@@ -144,13 +146,13 @@ RULES: tuple[Rule, ...] = (
                  "clip grad", "adam", "get megatron optimizer")),
     Rule("scheduler", 5, "learning-rate scheduler changed", topics=("scheduler", "lr decay", "lr warmup")),
     Rule("loss", 5, "loss changed: actor/critic losses must stay finite and move",
-         topics=("loss", "losses", "cross entropy")),
+         topics=("loss", "losses", "cross entropy"), sets_in=PARALLEL_CODE),
     Rule("reward", 5, "reward computation changed", topics=("reward", "rewards")),
     Rule("peft-trainability", 5, "PEFT trainability changed: adapters must stay trainable (non-zero trainable "
          "parameters, non-frozen LoRA)", topics=("requires grad", "freeze", "frozen", "trainable", "unfreeze"),
          within="peft"),
     Rule("gradient-flow", 5, "gradient flow changed: no repeated zero grad norms, detached or frozen parameters",
-         topics=("grad", "grads", "gradient", "gradients", "detach")),
+         topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=PARALLEL_CODE),
 )
 
 BY_NAME = {r.name: r for r in RULES}
