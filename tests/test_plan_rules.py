@@ -578,3 +578,119 @@ def test_a_layer_spec_table_the_provider_reads_builds_its_layers(tmp_path):
     assert levels(plan_for(tmp_path / "a", change, base=base)) == ["L0", "L4:custom-layer"]
     unused = {B + "models/qwen/qwen3_layers.py": layers.replace("UNUSED = 1", "UNUSED = 2")}
     assert levels(plan_for(tmp_path / "b", unused, base=base)) == []
+
+
+# ---------------------------------------------------------------- issue 26: what a family builds, from its bridge
+
+
+def test_any_config_change_of_a_moe_family_involves_moe(tmp_path):
+    # no MoE word in the change: the family's bridge maps experts, so every model it builds routes to experts
+    change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.rotary_base = hf_config.rope_theta")
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L4:moe"]
+    moe = next(e for e in plan.entries if e.key == "L4:moe")
+    fams, feats = moe.justified_by()
+    assert fams == ["OlmoeBridge"]
+    assert any("OlmoeBridge's bridge/provider changed and it builds moe" in f for f in feats["moe"])
+    # a dense family's same change is Level 0 alone
+    dense = qwen_provider_adds("provider.rotary_base = hf_config.rope_theta")
+    assert levels(plan_for(tmp_path / "dense", dense)) == ["L0"]
+
+
+def _vl_moe_family() -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    base[B + "models/step_vl/__init__.py"] = ""
+    base[B + "models/step_vl/step_vl_bridge.py"] = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='StepVLForConditionalGeneration')\n"
+        "class StepVLBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.num_moe_experts = hf_config.text_config.num_experts\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('language_model.layers.*.mlp.experts.*.up_proj.weight'),\n"
+        "                AutoMapping('vision_model.ln_pre.weight')]\n")
+    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
+                                      + "from megatron.bridge.models.step_vl.step_vl_bridge import StepVLBridge\n")
+    return base
+
+
+def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
+    base = _vl_moe_family()
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    vision = {rel: base[rel].replace("AutoMapping('vision_model.ln_pre.weight')]",
+                                     "AutoMapping('vision_model.ln_pre.weight'),\n"
+                                     "                AutoMapping('vision_model.ln_post.weight')]")}
+    assert levels(plan_for(tmp_path, vision, base=base)) == ["L0", "L4:vlm"]  # a vision encoder has no experts
+    language = {rel: base[rel].replace("return provider", "provider.rotary_base = 1.0\n        return provider")}
+    assert levels(plan_for(tmp_path / "lang", language, base=base)) == ["L0", "L4:moe", "L4:vlm"]
+
+
+def _family_with_quantized_checkpoint() -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    base[B + "models/dsq/__init__.py"] = ""
+    base[B + "models/dsq/dsq_bridge.py"] = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "def _dequant_fp8_blockwise(weight, scale_inv):\n"
+        "    return weight * scale_inv\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='DsqForCausalLM')\n"
+        "class DsqBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('model.layers.*.self_attn.q_proj.weight')]\n\n"
+        "    def maybe_modify_loaded_hf_weight(self, name, weights):\n"
+        "        return _dequant_fp8_blockwise(weights[name], weights[name + '_scale_inv'])\n")
+    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
+                                      + "from megatron.bridge.models.dsq.dsq_bridge import DsqBridge\n")
+    return base
+
+
+def test_quantized_checkpoint_family_on_its_weight_import_is_quant(tmp_path):
+    # the family's HF weights are quantized (its bridge dequantizes them): a change verl's weight import runs
+    # involves them; the same family's provider config does not
+    base = _family_with_quantized_checkpoint()
+    rel = B + "models/dsq/dsq_bridge.py"
+    mapping = {rel: base[rel].replace("AutoMapping('model.layers.*.self_attn.q_proj.weight')]",
+                                      "AutoMapping('model.layers.*.self_attn.q_a_proj.weight')]")}
+    plan = plan_for(tmp_path, mapping, base=base)
+    assert "L4:quantized" in levels(plan)
+    fams, feats = next(e for e in plan.entries if e.key == "L4:quantized").justified_by()
+    assert fams == ["DsqBridge"] and any("AutoBridge.load_hf_weights" in f for f in feats["quantized"])
+    config = {rel: base[rel].replace("provider.hidden_size = hf_config.hidden_size",
+                                     "provider.hidden_size = hf_config.hidden_size\n"
+                                     "        provider.rotary_base = hf_config.rope_theta")}
+    assert levels(plan_for(tmp_path / "cfg", config, base=base)) == ["L0"]
+
+
+def test_provider_field_the_familys_own_layer_reads_is_custom_layer(tmp_path):
+    base = _qwen_with_own_layers()
+    base[B + "models/qwen/qwen3_layers.py"] = base[B + "models/qwen/qwen3_layers.py"].replace(
+        "out = hidden_states * 2", "out = hidden_states * self.config.window_size[0]")
+    change = {QWEN: base[QWEN].replace("provider.hidden_size = hf_config.hidden_size",
+                                       "provider.hidden_size = hf_config.hidden_size\n"
+                                       "        provider.window_size = (hf_config.sliding_window - 1, 0)")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    _, feats = next(e for e in plan.entries if e.key == "L4:custom-layer").justified_by()
+    assert any("sets window_size, read by Qwen3Bridge's own layer modules" in f for f in feats["custom-layer"])
+
+
+def test_loss_setting_an_existing_provider_changes_is_level5_a_new_ones_is_not(tmp_path):
+    change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_aux_loss_coeff = 0.01")
+    assert levels(plan_for(tmp_path, change)) == ["L0", "L4:moe", "L5"]
+    base = _vl_moe_family()
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    new = {k: v for k, v in base.items() if "step_vl" in k or k == B + "models/__init__.py"}
+    new[rel] = new[rel].replace("return provider", "provider.moe_aux_loss_coeff = 0.01\n        return provider")
+    plan = plan_for(tmp_path / "new", new)  # the whole family is new: its loss settings are Level 0's
+    assert "L5" not in levels(plan) and "L4:moe" in levels(plan)

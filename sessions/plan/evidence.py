@@ -179,8 +179,7 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and id(n) not in skip and any(
                 n.lineno <= ln <= (n.end_lineno or n.lineno) for ln in lines):
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
-                ev.targets += [x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(t)
-                               if isinstance(x, (ast.Name, ast.Attribute))][-1:]
+                ev.targets += _set_names(t)
     docs = {id(b.body[0].value) for b in ast.walk(node) if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef,
             ast.ClassDef, ast.Module)) and b.body and isinstance(b.body[0], ast.Expr)
             and isinstance(b.body[0].value, ast.Constant)}
@@ -273,6 +272,19 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
             if _exits_when_trivial(s.test) and any(set(_span(later)) & lines for later in block[i + 1:]):
                 ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
                 ev.exits += _names_in(s.test, skip)
+
+
+def _set_names(t: ast.AST) -> list[str]:
+    """What an assignment target sets: the field (`provider.window_size = ...` sets window_size), the variable."""
+    if isinstance(t, (ast.Tuple, ast.List)):
+        return [x for e in t.elts for x in _set_names(e)]
+    if isinstance(t, ast.Attribute):
+        return [t.attr]
+    if isinstance(t, ast.Name):
+        return [t.id]
+    if isinstance(t, (ast.Subscript, ast.Starred)):
+        return _set_names(t.value)
+    return []
 
 
 def code_lines(text: str) -> set[int]:
