@@ -694,3 +694,15 @@ def test_loss_setting_an_existing_provider_changes_is_level5_a_new_ones_is_not(t
     new[rel] = new[rel].replace("return provider", "provider.moe_aux_loss_coeff = 0.01\n        return provider")
     plan = plan_for(tmp_path / "new", new)  # the whole family is new: its loss settings are Level 0's
     assert "L5" not in levels(plan) and "L4:moe" in levels(plan)
+
+
+def test_a_line_moved_into_a_moe_familys_bridge_is_placement_only(tmp_path):
+    # an import deferred into provider_bridge: the same text on both sides, no feature's behaviour changed
+    base = dict(BRIDGE_BASE)
+    base[OLMOE] = textwrap.dedent(BRIDGE_BASE[OLMOE]).replace(
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n",
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\nimport math\n")
+    change = {OLMOE: base[OLMOE].replace("import math\n", "").replace(
+        "        provider = GPTModelProvider()\n", "        import math\n\n        provider = GPTModelProvider()\n")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert "L4:moe" not in levels(plan)

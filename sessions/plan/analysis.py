@@ -60,6 +60,8 @@ class ChangedUnit:
     edited_expert: list[str] = field(default_factory=list)  # those on lines that run only for experts
     reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
     sets: list[str] = field(default_factory=list)  # what its changed statements set (targets, keyword arguments)
+    only_moved: bool = False  # every changed line is a line moved (same text on the other side): placement only
+    config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
 
     @property
     def name(self) -> str:
@@ -276,6 +278,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     modules = {k for k in global_reach.steps if ":" not in k}
     units: dict[str, ChangedUnit] = {}
     per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence], set[int], set[str]]] = {}
+    removed_for: set[str] = set()  # units a removed line (not moved elsewhere) belongs to
     for f in change.files:
         if not _is_bridge_python(f.path):
             continue
@@ -303,6 +306,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), [], moved_new,
                                               spaces))[3].append(ev)
+                if line not in moved_old:
+                    removed_for.add(now.key)
     direct = _direct_modules(index, surface)
     fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
     added_by_file = {f.path: set(f.added) for f in change.files}
@@ -353,8 +358,13 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                          edited_expert=sorted(set((expert - spaced).elements())),
                          reporting=bool(sides) and all(e.only_logging for e in sides),
                          sets=sorted(set(targets)))
+        cu.only_moved = not (lines - moved) and key not in removed_for
+        if unit.kind in ("class", "method"):
+            cls = index.units.get(unit.cls if unit.kind == "method" else key)
+            cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)
         if tier != "none":
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
+            cu.config_code = cu.config_code or any(f["config"] and f["own"] for f in cu.served)
             if cu.edited_expert and tier in ("calls", "api"):  # lines under `if is_expert:`: the MoE path only
                 cu.touched.setdefault("moe", []).append(
                     f"lines that run only for experts: {', '.join(cu.edited_expert[:3])}")

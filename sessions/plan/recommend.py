@@ -225,7 +225,7 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
         hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
-    if u.tier == "calls" and rule.sets_in and not u.new and _matches(u.file, rule.sets_in):
+    if u.tier == "calls" and rule.sets_in and u.config_code and not u.new and _matches(u.file, rule.sets_in):
         # a field an existing provider or adapter now sets differently (a new one's defaults are Level 0's)
         hits += topic_hits(rule, [s for s in u.sets if not plan_features.FLAG.match(s)])
     return sorted(set(hits))
@@ -263,6 +263,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
         return {}
+    if u.only_moved:
+        return {}  # lines moved (an import deferred into the function): placement, no feature's behaviour
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
