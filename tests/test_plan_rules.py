@@ -664,7 +664,7 @@ def test_quantized_checkpoint_family_on_its_weight_import_is_quant(tmp_path):
     plan = plan_for(tmp_path, mapping, base=base)
     assert "L4:quantized" in levels(plan)
     fams, feats = next(e for e in plan.entries if e.key == "L4:quantized").justified_by()
-    assert fams == ["DsqBridge"] and any("AutoBridge.load_hf_weights" in f for f in feats["quantized"])
+    assert fams == ["DsqBridge"] and any("AutoBridge.load_hf_weights" in f or "AutoBridge.export_hf_weights" in f for f in feats["quantized"])
     config = {rel: base[rel].replace("provider.hidden_size = hf_config.hidden_size",
                                      "provider.hidden_size = hf_config.hidden_size\n"
                                      "        provider.rotary_base = hf_config.rope_theta")}
@@ -706,3 +706,25 @@ def test_a_line_moved_into_a_moe_familys_bridge_is_placement_only(tmp_path):
         "        provider = GPTModelProvider()\n", "        import math\n\n        provider = GPTModelProvider()\n")}
     plan = plan_for(tmp_path, change, base=base)
     assert "L4:moe" not in levels(plan)
+
+
+def test_a_familys_export_hook_is_hf_export_and_its_quantized_weights(tmp_path):
+    # re-quantizing on the way out: only verl's exports run the hook (Level 1), and the family's HF weights are
+    # quantized (Level 4 quantized); no export word in the change
+    base = _family_with_quantized_checkpoint()
+    mb = B + "models/conversion/model_bridge.py"
+    base[mb] = textwrap.dedent(base[mb]).replace(
+        "            yield mapping.megatron_to_hf(model)",
+        "            yield self.maybe_modify_converted_hf_weight(mapping.megatron_to_hf(model))").replace(
+        "    def mapping_registry(self):\n        raise NotImplementedError\n",
+        "    def mapping_registry(self):\n        raise NotImplementedError\n\n"
+        "    def maybe_modify_converted_hf_weight(self, weights):\n        return weights\n")
+    assert "self.maybe_modify_converted_hf_weight(" in base[mb] and "return weights\n" in base[mb]
+    rel = B + "models/dsq/dsq_bridge.py"
+    base[rel] += ("\n    def maybe_modify_converted_hf_weight(self, weights):\n"
+                  "        return [w.to(torch.float8_e4m3fn) for w in weights]\n")
+    change = {rel: base[rel].replace("return [w.to(torch.float8_e4m3fn) for w in weights]",
+                                     "if not weights:\n            return weights\n"
+                                     "        return [w.to(torch.float8_e4m3fn) for w in weights]")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L1", "L4:quantized"]

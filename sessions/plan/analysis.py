@@ -50,6 +50,7 @@ class ChangedUnit:
     new: bool = False
     entries: list[str] = field(default_factory=list)  # verl entry points whose calls run it
     export_only: bool = False  # the nearest verl entry points that move weights all export them
+    exports_only: bool = False  # every verl entry point that moves weights and runs it exports them
     nearest: list[str] = field(default_factory=list)  # those nearest entry points
     family: str | None = None  # the provider folder it belongs to (None: family-independent)
     touched: dict[str, list[str]] = field(default_factory=dict)  # feature → facts of it on the changed lines
@@ -379,6 +380,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             closest = min((n for n, _ in directed), default=0)
             nearest = {d for n, d in directed if n == closest}
             cu.export_only = nearest == {"export"}
+            cu.exports_only = bool(directed) and {d for _, d in directed} == {"export"}
             cu.nearest = [e.label for e, r in hits if _direction(e.label) and len(r.path(key)) == closest]
             if hits:  # the shortest path from one of verl's entry points
                 cu.path = min((r.path(key) for _, r in hits), key=len)

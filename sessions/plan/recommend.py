@@ -283,11 +283,11 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             for f in WHOLE_MODEL:
                 if f in builds and not (f == "moe" and vision_only):
                     take.setdefault(f, (f"{fam['family']}'s bridge/provider changed and it builds {f}", builds[f]))
-            weights_in = [e for e in u.entries if _weight_import(e)]
-            if "quantized" in builds and weights_in:
+            moving = [e for e in u.entries if _moves_weights(e)]
+            if "quantized" in builds and moving:
                 take.setdefault("quantized", (
-                    f"{fam['family']} imports quantized HF weights and the change is on that import "
-                    f"({weights_in[0]})", builds["quantized"]))
+                    f"{fam['family']}'s HF weights are quantized and the change is on the way verl moves them "
+                    f"({moving[0]})", builds["quantized"]))
         if fam["layer"]:
             take["custom-layer"] = (f"{fam['family']}'s own layer code changed",
                                     feats.get("custom-layer") or ["its own layer code"])
@@ -305,6 +305,16 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
 # custom layers are parts of a model: a change involves them only where it touches them.
 WHOLE_MODEL = ("moe", "vlm")
 WEIGHT_IMPORT = ("load hf weights", "load weights", "hf to megatron", "import ckpt", "import hf")
+
+
+def _exports(label: str) -> bool:
+    words = set(plan_features.words_of(label.split(".")[-1]))
+    return any(set(t.split()) <= words for t in plan_rules.EXPORT_WORDS)
+
+
+def _moves_weights(label: str) -> bool:
+    """A verl entry point that moves weights between HF and Megatron, either way."""
+    return _weight_import(label) or (_exports(label) and "weights" in plan_features.words_of(label.split(".")[-1]))
 
 
 def _weight_import(label: str) -> bool:
@@ -353,6 +363,9 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
+            if rule.name == "hf-export" and u.tier == "calls" and u.exports_only and u.family and not u.only_moved:
+                # a family's export hook (re-quantizing, renaming on the way out): only verl's exports run it
+                hits = hits or [f"only verl's exports run it: {', '.join(e for e in u.entries if _exports(e))}"]
             if hits:
                 add(rule, [u.file], [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
     for f in code:
