@@ -728,3 +728,26 @@ def test_a_familys_export_hook_is_hf_export_and_its_quantized_weights(tmp_path):
                                      "        return [w.to(torch.float8_e4m3fn) for w in weights]")}
     plan = plan_for(tmp_path, change, base=base)
     assert levels(plan) == ["L0", "L1", "L4:quantized"]
+
+
+def _mapping_with_dtensor_exit(negated: bool) -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    test = "not isinstance(weights, DTensor)" if negated else "isinstance(weights, DTensor)"
+    base[MAPPING] = textwrap.dedent(BRIDGE_BASE[MAPPING]).replace(
+        "class MegatronParamMapping:\n    def hf_to_megatron(self, weights):\n        return weights\n",
+        "from torch.distributed._tensor import DTensor\n\n\n"
+        "class MegatronParamMapping:\n    def hf_to_megatron(self, weights):\n"
+        f"        if {test}:\n            return weights\n        return weights.reshape(-1)\n")
+    assert "return weights.reshape(-1)" in base[MAPPING]
+    return base
+
+
+def test_lines_after_a_negated_exit_are_about_what_it_requires(tmp_path):
+    # `if not isinstance(weights, DTensor): return`: the lines after it run only for Megatron-FSDP's DTensors
+    base = _mapping_with_dtensor_exit(negated=True)
+    change = {MAPPING: base[MAPPING].replace("return weights.reshape(-1)", "return weights.reshape(-1).clone()")}
+    assert levels(plan_for(tmp_path, change, base=base)) == ["L0", "L3"]
+    # the other way round the lines after it run only without FSDP
+    base = _mapping_with_dtensor_exit(negated=False)
+    change = {MAPPING: base[MAPPING].replace("return weights.reshape(-1)", "return weights.reshape(-1).clone()")}
+    assert levels(plan_for(tmp_path / "b", change, base=base)) == ["L0"]

@@ -237,7 +237,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
     it is about only."""
     touched = plan_features.Sites()
-    names = ev.subject + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
+    names = ev.subject + ev.requires + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
     for name in names:
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):
@@ -353,7 +353,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             tier = "imports" if _beside_verl_imports(index, unit, direct) else "none"
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code, "name": ev.name,
-                          "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits]}, ev.new,
+                          "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits],
+                          "requires": ev.requires + [n for old_ev in old_evs for n in old_ev.requires]}, ev.new,
                          family=plan_features.folder_of(unit.file), strings=ev.strings, conditions=ev.conditions,
                          edited=sorted(set((Counter(raw) - expert - spaced).elements())),
                          edited_expert=sorted(set((expert - spaced).elements())),

@@ -78,6 +78,7 @@ class Evidence:
     # out is no subject, but a size they compare (`if self.ep_size == 1: return`) is one the lines after need
     expert_code: list[str] = field(default_factory=list)  # names of changed lines that run only for experts
     namespaced: list[str] = field(default_factory=list)  # imported modules used as namespaces (`tensor_parallel.X`)
+    requires: list[str] = field(default_factory=list)  # names of a negated early exit before the changed lines
     statements: int = 0  # changed simple statements (imports, assignments, calls...)
     only_imports: bool = False  # every changed code line is an import statement
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
@@ -261,7 +262,9 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
                 ev.conditions.append(f"not ({ast.unparse(n.test)[:190]})")
             if test_lines & lines:
                 ev.guards += names  # an edited condition: compared with the old one by the caller
-            elif (in_body and not trivial) or in_else:
+            elif in_else:  # the else of `if not isinstance(p, DTensor):` runs for DTensors: the negated names count
+                ev.subject += _names_in(n.test, skip, strings=True)
+            elif in_body and not trivial:
                 ev.subject += names
     for block in {id(b): b for n in own for b in _blocks(n)}.values():
         for i, s in enumerate(block):
@@ -272,6 +275,11 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
             if _exits_when_trivial(s.test) and any(set(_span(later)) & lines for later in block[i + 1:]):
                 ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
                 ev.exits += _names_in(s.test, skip)
+            elif isinstance(s.test, ast.UnaryOp) and isinstance(s.test.op, ast.Not) and \
+                    any(set(_span(later)) & lines for later in block[i + 1:]):
+                # `if not isinstance(p, DTensor): return` before a changed line: the line runs only for DTensors
+                # (what it requires is what it is about; no parallel size: Level 2 reads only sizes' exits)
+                ev.requires += _names_in(s.test.operand, skip, strings=True)
 
 
 def _set_names(t: ast.AST) -> list[str]:

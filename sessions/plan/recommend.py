@@ -220,6 +220,8 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
     subject = list(u.words["subject"])
     if rule.level == 2:
         subject = [w for w in subject if w not in u.words.get("name", [])] + list(u.words.get("exits", []))
+    else:
+        subject += u.words.get("requires", [])  # what a negated early exit before the lines requires
     hits = topic_hits(rule, subject)
     if u.tier in ("calls", "api") and rule.evidence == "code":
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
