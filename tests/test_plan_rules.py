@@ -751,3 +751,10 @@ def test_lines_after_a_negated_exit_are_about_what_it_requires(tmp_path):
     base = _mapping_with_dtensor_exit(negated=False)
     change = {MAPPING: base[MAPPING].replace("return weights.reshape(-1)", "return weights.reshape(-1).clone()")}
     assert levels(plan_for(tmp_path / "b", change, base=base)) == ["L0"]
+
+
+def test_a_parallel_setting_switched_off_still_is_level2(tmp_path):
+    # off, a parallel setting changes what runs under TP > 1 (a feature switched off is that feature's absence)
+    plan = plan_for(tmp_path, qwen_provider_adds("provider.sequence_parallel = False"))
+    assert levels(plan) == ["L0", "L2d"]
+    assert levels(plan_for(tmp_path / "b", qwen_provider_adds("provider.mtp_num_layers = None"))) == ["L0"]

@@ -47,13 +47,29 @@ def _names_in(node: ast.AST, skip: set[int], strings: bool = False) -> list[str]
     return out
 
 
+# Parallel settings: switched off they still change what runs under TP/PP/CP/EP > 1 (`sequence_parallel = False`
+# in a vision encoder), unlike a feature switched off (`mtp_num_layers = None`: no MTP).
+PARALLEL_SETTINGS = ("sequence parallel", "tensor parallel", "pipeline parallel", "context parallel",
+                     "expert parallel", "tp", "pp", "cp", "ep", "etp", "vpp")
+
+
+def _parallel_setting(n: ast.AST) -> bool:
+    if isinstance(n, ast.keyword):
+        names = [n.arg or ""]
+    else:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+        names = [x.attr if isinstance(x, ast.Attribute) else x.id for t in targets for x in ast.walk(t)
+                 if isinstance(x, (ast.Attribute, ast.Name))][:1]
+    return words_hit(names, PARALLEL_SETTINGS)
+
+
 def _silenced(tree: ast.AST) -> set[int]:
     """Nodes whose names never count: pass-through keywords, features switched off, import statements."""
     skip: set[int] = set()
     for n in ast.walk(tree):
-        if isinstance(n, ast.keyword) and (_pass_through(n) or _switched_off(n.value)):
+        if isinstance(n, ast.keyword) and (_pass_through(n) or (_switched_off(n.value) and not _parallel_setting(n))):
             skip.update(id(x) for x in ast.walk(n))
-        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _switched_off(n.value):
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _switched_off(n.value) and not _parallel_setting(n):
             skip.update(id(x) for x in ast.walk(n))
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             skip.update(id(x) for x in ast.walk(n))
