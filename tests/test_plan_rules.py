@@ -758,3 +758,25 @@ def test_a_parallel_setting_switched_off_still_is_level2(tmp_path):
     plan = plan_for(tmp_path, qwen_provider_adds("provider.sequence_parallel = False"))
     assert levels(plan) == ["L0", "L2d"]
     assert levels(plan_for(tmp_path / "b", qwen_provider_adds("provider.mtp_num_layers = None"))) == ["L0"]
+
+
+def test_a_shared_layer_module_is_custom_layer_of_the_families_that_build_it(tmp_path):
+    base = _qwen_with_own_layers()
+    te = B + "models/common/te_layers.py"
+    base[B + "models/common/__init__.py"] = ""
+    base[te] = ("from megatron.core.extensions.transformer_engine import TERowParallelLinear\n\n\n"
+                "class TERowParallelLinearLayerNorm(TERowParallelLinear):\n"
+                "    def forward(self, x):\n        out = x + 1\n        return out\n")
+    layers = B + "models/qwen/qwen3_layers.py"
+    base[layers] = base[layers].replace(
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n",
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n"
+        "from megatron.bridge.models.common.te_layers import TERowParallelLinearLayerNorm\n").replace(
+        "    return ModuleSpec(module=Qwen3GatedAttention)\n",
+        "    return ModuleSpec(module=Qwen3GatedAttention, submodules=TERowParallelLinearLayerNorm)\n")
+    change = {te: base[te].replace("out = x + 1", "out = x + 2")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    custom = next(e for e in plan.entries if e.key == "L4:custom-layer")
+    assert custom.justified_by()[0] == ["Qwen3Bridge"]
+    assert custom.model == "Qwen/Qwen3-0.6B"  # a family that builds the layer runs it

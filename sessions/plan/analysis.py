@@ -73,7 +73,8 @@ class ChangedUnit:
                 "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
                 "entries": self.entries, "export_only": self.export_only,
                 "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
-                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"]}
+                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"],
+                "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served]}
 
 
 def plan_reach_label(key: str) -> str:
@@ -251,13 +252,15 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         for f, callers in _callers_feature(index, unit).items():
             touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
+    shared_layer = plan_features.is_shared_layer(index, unit)  # its families' layer specs build it
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]
         span = set(range(bridge.start, bridge.end + 1)) & plan_reach.code_lines(index._text(bridge.file) or "")
-        served.append({"family": fam.name, "folder": fam.folder, "features": {
+        served.append({"family": fam.name, "folder": fam.folder, "bridge_file": bridge.file, "features": {
             f: fam.sites.by_feature[f][:3] for f in fam.features()},
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
-            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files),
+            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
+            or shared_layer,
             "own": fam.folder == plan_features.folder_of(unit.file),  # else it calls into another family's code
             "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units),
             "builds": {f: fam.builds.by_feature[f][:3] for f in fam.builds.features()},

@@ -327,9 +327,17 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
     bridges of its folder that reach it, and bridges of other model folders whose code calls into it (Gemma 4 VL
     building Gemma 4's attention)."""
     folder = folder_of(unit.file)
-    if folder is None:
-        return []
     key = unit.cls if unit.kind == "method" and unit.cls else unit.key
+    if folder is None:
+        if not is_shared_layer(index, unit):
+            return []
+        # a layer module Bridge defines in shared model code (a TE linear with a fused norm): the families whose
+        # own layer specs build it
+        hits = []
+        for bridge in _bridges_using(index, key):
+            other = folder_of(index.units[bridge].file)
+            hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits] if other else []
+        return hits
     hits = [f for f in _families(index, folder, cache) if unit.key in f.units or key in f.units]
     if not hits and unit.kind == "module":
         hits = [f for f in cache[folder] if any(k.split(":", 1)[0] == unit.module for k in f.units)]
@@ -338,6 +346,14 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
         if other and other != folder:
             hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits]
     return hits
+
+
+def is_shared_layer(index: BridgeIndex, unit: Unit) -> bool:
+    """A layer module (or its method) of Bridge's shared model code: Bridge's own layer behaviour, not Megatron-Core's."""
+    if not unit.file.startswith(plan_rules.MODELS) or folder_of(unit.file) is not None:
+        return False
+    cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else unit if unit.kind == "class" else None
+    return cls is not None and isinstance(cls.node, ast.ClassDef) and is_layer_class(cls.node)
 
 
 def _families(index: BridgeIndex, folder: str, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:

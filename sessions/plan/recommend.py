@@ -14,7 +14,7 @@ from sessions.plan import features as plan_features
 from sessions.plan import line_settings
 from sessions.plan import rules as plan_rules
 from sessions.plan.analysis import Analysis, ChangedUnit, _matches, is_doc, topic_hits
-from sessions.plan.change import Change, _is_bridge_python
+from sessions.plan.change import Change, ChangedFile, _is_bridge_python
 from sessions.plan.rules import Family, Rule
 
 
@@ -185,6 +185,19 @@ def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]
     return hits
 
 
+def _serving_family(change: Change, entry: Entry) -> FamilyHit | None:
+    """For a Level 4 entry of shared code that some families build (a shared layer module their specs use): the
+    first of those families, so the run exercises the changed code."""
+    if entry.level != 4:
+        return None
+    files = [f["file"] for r in entry.reasons for u in r.units for f in u.get("served_by", [])]
+    if not files:
+        return None
+    hits = detect_families(Change(change.repo, change.head, change.base, change.merge_base,
+                                  [ChangedFile(files[0], "M")]), [])
+    return hits[0] if hits else None
+
+
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
@@ -291,7 +304,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
                     f"{fam['family']}'s HF weights are quantized and the change is on the way verl moves them "
                     f"({moving[0]})", builds["quantized"]))
         if fam["layer"]:
-            take["custom-layer"] = (f"{fam['family']}'s own layer code changed",
+            take["custom-layer"] = (f"{fam['family']}'s own layer code changed" if own else
+                                    f"{fam['family']}'s layer specs build the changed layer module",
                                     feats.get("custom-layer") or ["its own layer code"])
         elif own and fam.get("layer_reads"):
             take.setdefault("custom-layer", (
@@ -398,7 +412,7 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     families = detect_families(change, units)
     primary = families[0] if families else None
     for e in entries + optional:
-        e.model, e.dummy = _entry_model(e, primary)
+        e.model, e.dummy = _entry_model(e, primary or _serving_family(change, e))
         if e.level in (2, 3, 4):
             conds = list(dict.fromkeys(c for r in e.reasons for u in r.units for c in u.get("conditions", [])))
             for what, overrides in line_settings.settings_for(conds, e.level, e.variant):
