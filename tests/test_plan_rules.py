@@ -780,3 +780,14 @@ def test_a_shared_layer_module_is_custom_layer_of_the_families_that_build_it(tmp
     custom = next(e for e in plan.entries if e.key == "L4:custom-layer")
     assert custom.justified_by()[0] == ["Qwen3Bridge"]
     assert custom.model == "Qwen/Qwen3-0.6B"  # a family that builds the layer runs it
+
+
+def test_setting_a_parameters_gradient_state_is_gradient_flow(tmp_path):
+    # no gradient word in the function's name: what the changed line sets is the parameter's trainability
+    change = edit(MAPPING, "return weights", "weights.requires_grad = False\nreturn weights")
+    assert levels(plan_for(tmp_path, change)) == ["L0", "L5"]
+
+
+def test_the_experts_one_rank_holds_are_the_ep_layout(tmp_path):
+    change = edit(MAPPING, "return weights", "weights = weights[: self.num_local_experts]\nreturn weights")
+    assert "L2m" in levels(plan_for(tmp_path, change))

@@ -53,6 +53,10 @@ PARALLEL_SETTINGS = ("sequence parallel", "tensor parallel", "pipeline parallel"
                      "expert parallel", "tp", "pp", "cp", "ep", "etp", "vpp")
 
 
+# ... and so does a parameter's trainability switched off (`p.requires_grad = False` freezes it).
+OFF_STILL_COUNTS = ("requires grad",)
+
+
 def _parallel_setting(n: ast.AST) -> bool:
     if isinstance(n, ast.keyword):
         names = [n.arg or ""]
@@ -60,7 +64,7 @@ def _parallel_setting(n: ast.AST) -> bool:
         targets = n.targets if isinstance(n, ast.Assign) else [n.target]
         names = [x.attr if isinstance(x, ast.Attribute) else x.id for t in targets for x in ast.walk(t)
                  if isinstance(x, (ast.Attribute, ast.Name))][:1]
-    return words_hit(names, PARALLEL_SETTINGS)
+    return words_hit(names, PARALLEL_SETTINGS + OFF_STILL_COUNTS)
 
 
 def _silenced(tree: ast.AST) -> set[int]:

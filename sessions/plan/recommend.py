@@ -240,9 +240,12 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
         hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
-    if u.tier == "calls" and rule.sets_in and u.config_code and not u.new and _matches(u.file, rule.sets_in):
-        # a field an existing provider or adapter now sets differently (a new one's defaults are Level 0's)
-        hits += topic_hits(rule, [s for s in u.sets if not plan_features.FLAG.match(s)])
+    if u.tier == "calls" and rule.sets_in and not u.new and _matches(u.file, rule.sets_in):
+        # a field an existing provider now sets differently (a new one's defaults are Level 0's); anywhere verl
+        # calls, what a parameter's gradient state is set to (`p.requires_grad = False`, `p.main_grad = ...`)
+        sets = [s for s in u.sets if not plan_features.FLAG.match(s)
+                and (u.config_code or "grad" in plan_features.words_of(s))]
+        hits += topic_hits(rule, sets)
     return sorted(set(hits))
 
 

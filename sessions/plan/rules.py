@@ -114,7 +114,8 @@ RULES: tuple[Rule, ...] = (
                  "sequence parallel", "virtual pipeline", "pipeline stage"), variant="dense", code_in=PARALLEL_CODE),
     Rule("expert-parallel", 2, "expert layout / expert parallelism changed: stress EP=2 on a MoE checkpoint",
          topics=("ep", "etp", "expert parallel", "expert tensor parallel", "expt tp", "expert layout", "ep group",
-                 "ep rank", "ep size"), variant="moe", code_in=PARALLEL_CODE),
+                 "ep rank", "ep size", "num local experts", "local expert indices"), variant="moe", code_in=PARALLEL_CODE),
+    # (the experts one rank holds — `num_local_experts`, `local_expert_indices` — are the EP layout itself)
     Rule("dispatcher", 2, "MoE dispatcher / router replay changed: stress expert-parallel routing",
          topics=("dispatcher", "deepep", "hybridep", "alltoall", "router replay", "routing replay", "flex dispatcher"), variant="moe",
          code_in=PARALLEL_CODE),
@@ -152,7 +153,7 @@ RULES: tuple[Rule, ...] = (
          "parameters, non-frozen LoRA)", topics=("requires grad", "freeze", "frozen", "trainable", "unfreeze"),
          within="peft"),
     Rule("gradient-flow", 5, "gradient flow changed: no repeated zero grad norms, detached or frozen parameters",
-         topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=PARALLEL_CODE),
+         topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=(SRC + "*",)),
 )
 
 BY_NAME = {r.name: r for r in RULES}
