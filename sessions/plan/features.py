@@ -16,6 +16,12 @@ Its *features* are facts of that code:
 - qat: ModelOpt / QAT state (quantizer modules, amax mappings).
 
 The same detectors, applied to the changed lines of a unit, say which features a change *touches*.
+
+What a family *builds* is read from its bridge class and provider classes alone (`builds`): the HF config and
+weights it maps. Modelling code of its folder that handles a sibling's feature (a VL model class reading
+`moe_layer_freq` for the MoE variant) is no property of it. `layer_reads` are the config fields its own layer
+modules read (`self.config.window_size`): a change that sets one changes its custom layer's behaviour. A layer
+module of shared model code (`models/common/`) serves the families whose layer specs build it.
 """
 
 from __future__ import annotations

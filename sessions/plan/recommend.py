@@ -276,7 +276,10 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
     VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
     changed code is the family's own layer module or layer spec. A family of another folder that reuses the code
-    (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it."""
+    (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it.
+    The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
+    when the change is vision-only), its quantized HF weights when the change is on a way verl moves weights, custom
+    layer when the change sets a field its own layer modules read. Lines only moved involve nothing."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
