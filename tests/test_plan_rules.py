@@ -791,3 +791,16 @@ def test_setting_a_parameters_gradient_state_is_gradient_flow(tmp_path):
 def test_the_experts_one_rank_holds_are_the_ep_layout(tmp_path):
     change = edit(MAPPING, "return weights", "weights = weights[: self.num_local_experts]\nreturn weights")
     assert "L2m" in levels(plan_for(tmp_path, change))
+
+
+def test_a_statement_moved_out_of_its_block_still_changes_behaviour(tmp_path):
+    # same text on both sides, but it now runs for every call: only an import moved is placement alone
+    base = _qwen_with_own_layers()
+    layers = B + "models/qwen/qwen3_layers.py"
+    base[layers] = base[layers].replace(
+        "        out = hidden_states * 2\n",
+        "        out = hidden_states * 2\n        if self.flag:\n            out = out.clone()\n            out.flag = 1\n")
+    change = {layers: base[layers].replace(
+        "        if self.flag:\n            out = out.clone()\n",
+        "        out = out.clone()\n        if self.flag:\n")}
+    assert "L4:custom-layer" in levels(plan_for(tmp_path, change, base=base))

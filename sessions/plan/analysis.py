@@ -61,7 +61,7 @@ class ChangedUnit:
     edited_expert: list[str] = field(default_factory=list)  # those on lines that run only for experts
     reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
     sets: list[str] = field(default_factory=list)  # what its changed statements set (targets, keyword arguments)
-    only_moved: bool = False  # every changed line is a line moved (same text on the other side): placement only
+    only_moved: bool = False  # every changed line is an import moved here (deferred into a function): placement only
     config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
 
     @property
@@ -150,6 +150,12 @@ def _moved(f, text: str | None) -> tuple[set[int], set[int]]:
     removed = {i: at(old, i) for i in f.removed}
     both = ({t for t in added.values() if re.search(r"\w", t)} & set(removed.values()))
     return {i for i, t in added.items() if t in both}, {i for i, t in removed.items() if t in both}
+
+
+def _is_import_text(text: str | None, line: int) -> bool:
+    src = (text or "").splitlines()
+    t = src[line - 1].strip() if 0 < line <= len(src) else ""
+    return t.startswith(("import ", "from "))
 
 
 def _namespaces(index: BridgeIndex, path: str) -> set[str]:
@@ -310,7 +316,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), [], moved_new,
                                               spaces))[3].append(ev)
-                if line not in moved_old:
+                if line not in moved_old or not _is_import_text(f.old_text, line):
                     removed_for.add(now.key)
     direct = _direct_modules(index, surface)
     fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
@@ -363,7 +369,9 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                          edited_expert=sorted(set((expert - spaced).elements())),
                          reporting=bool(sides) and all(e.only_logging for e in sides),
                          sets=sorted(set(targets)))
-        cu.only_moved = not (lines - moved) and key not in removed_for
+        text = index._text(unit.file) or ""
+        cu.only_moved = bool(lines) and all(ln in moved and _is_import_text(text, ln) for ln in lines) \
+            and key not in removed_for
         if unit.kind in ("class", "method"):
             cls = index.units.get(unit.cls if unit.kind == "method" else key)
             cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)

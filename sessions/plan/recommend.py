@@ -285,7 +285,7 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     if not u.served and u.family and u.tier != "calls":
         return {}
     if u.only_moved:
-        return {}  # lines moved (an import deferred into the function): placement, no feature's behaviour
+        return {}  # an import moved (deferred into the function): placement, no feature's behaviour
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
