@@ -11,7 +11,7 @@ import pytest
 
 from sessions.plan.planner import analyse, read_change, recommend
 from sessions.plan.render import render_text
-from tests.plan_fixtures import BRIDGE_BASE, B, bridge_history, edit, verl_checkout
+from tests.plan_fixtures import BRIDGE_BASE, VERL_FILES, B, bridge_history, edit, verl_checkout
 
 
 def plan_for(tmp_path, change, verl_files=None, base=None):
@@ -493,3 +493,314 @@ def test_new_field_verl_sets_counts_even_when_declared_off():
     surface = VerlSurface("verl", attributes={"moe_enable_routing_replay": "verl/x.py:1"})
     assert _fields_verl_names(unit, {3}, surface) == ["moe_enable_routing_replay"]
     assert _fields_verl_names(unit, {2}, surface) == []
+
+
+# ---------------------------------------------------------------- issue 26: what the changed lines read and run under
+
+
+def test_level2_from_what_the_lines_read_not_the_units_name(tmp_path):
+    # gather_from_tp_ranks: the changed line runs only past `if self.tp_size == 1: return` (L2d); the same
+    # function's early exit itself, which runs at TP=1, is no parallel change
+    past_exit = CASES["hf-export"][0]
+    assert "L2d" in levels(plan_for(tmp_path / "a", past_exit))
+    exit_line = "if self.tp_size == 1:  # the real mappings gather only across more than one rank\n"
+    at_exit = edit(MAPPING, exit_line + "    return weights", exit_line + "    return list(weights)")
+    assert levels(plan_for(tmp_path / "b", at_exit)) == ["L0", "L1"]
+    # a module used as a namespace reads no parallel size; a line moved unchanged reads nothing new
+    gpt = textwrap.dedent(BRIDGE_BASE[GPT])
+    spaced = {GPT: gpt.replace("import parallel_state", "import parallel_state, tensor_parallel").replace(
+        "return object()", "return tensor_parallel.ColumnParallelLinear()")}
+    assert levels(plan_for(tmp_path / "c", spaced)) == ["L0"]
+    base = {**BRIDGE_BASE, GPT: gpt.replace("        return self.build()",
+                                            "        self.tp = parallel_state.get_tp_size()\n        return self.build()")}
+    moved = {GPT: gpt.replace("        self.ready = True",
+                              "        self.ready = True\n        self.tp = parallel_state.get_tp_size()")}
+    assert levels(plan_for(tmp_path / "d", moved, base=base)) == ["L0"]
+
+
+def test_lines_that_run_only_for_experts_ask_for_the_moe_variant(tmp_path):
+    change = edit(LORA, "return module", "if module.is_expert:\n"
+                  "    module.pad = module.config.tensor_model_parallel_size\nreturn module")
+    plan = plan_for(tmp_path, change)
+    assert "L2m" in levels(plan) and "L2d" not in levels(plan)
+
+
+def test_imports_logging_and_classes_verl_never_builds_count_for_nothing(tmp_path):
+    only_import = edit(GPT, "from megatron.core import parallel_state",
+                       "from megatron.core import parallel_state\nimport warnings")
+    assert levels(plan_for(tmp_path / "a", only_import)) == []
+    logging_only = edit(GPT, "return self.build()", "logger.info('providing %s', self.ready)\nreturn self.build()")
+    assert levels(plan_for(tmp_path / "b", logging_only)) == ["L0"]
+    # a config dataclass in a module verl imports, never built by verl: its field is no verl path
+    unused = edit(B + "training/config.py", "class DistributedDataParallelConfig:",
+                  "class SchedulerConfig:\n    lr_decay_iters = 4\n\n\nclass DistributedDataParallelConfig:")
+    assert levels(plan_for(tmp_path / "c", unused)) == []
+
+
+def test_verl_branches_for_the_legacy_mbridge_are_no_verl_path(tmp_path):
+    from sessions.plan.verl_surface import read_surface
+
+    verl = verl_checkout(tmp_path, {**VERL_FILES, "verl/workers/legacy.py": textwrap.dedent("""
+        from megatron.bridge import AutoBridge
+
+
+        def load(bridge, provider, model):
+            if provider is None:
+                return bridge.get_model_legacy(model)
+            if self.vanilla_bridge:
+                bridge.save_weights_legacy(model)
+            else:
+                bridge.save_hf_weights(model)
+        """)})
+    attrs = read_surface(verl).attributes
+    assert "save_hf_weights" in attrs and "get_model_legacy" not in attrs and "save_weights_legacy" not in attrs
+
+
+def test_a_helper_only_feature_code_calls_serves_that_feature(tmp_path):
+    change = edit(AUTO, "def export_hf_weights(self, model):",
+                  "def _dequantize_blocks(self, model):\n    return self._unpack(model)\n\n"
+                  "def _unpack(self, model):\n    return model\n\n"
+                  "def export_hf_weights(self, model):\n    model = self._dequantize_blocks(model)")
+    plan = plan_for(tmp_path / "a", change)
+    unit = next(u for u in plan.units if u.name == "AutoBridge._unpack")
+    assert any("called only from quantized code" in f for f in unit.touched.get("quantized", []))
+
+
+def test_a_layer_spec_table_the_provider_reads_builds_its_layers(tmp_path):
+    # `QWEN3_SPEC = ModuleSpec(module=Qwen3GatedAttention)` at module level, read by the bridge: the layer it names
+    # is built, so its forward is verl's path and the family's own layer code; a constant nothing reads is not
+    base = _qwen_with_own_layers()
+    base[B + "models/qwen/qwen3_layers.py"] += "\n\nQWEN3_SPEC = ModuleSpec(module=Qwen3GatedAttention)\nUNUSED = 1\n"
+    base[QWEN] = base[QWEN].replace("import qwen3_layer_spec", "import QWEN3_SPEC").replace(
+        "provider.transformer_layer_spec = qwen3_layer_spec", "provider.transformer_layer_spec = QWEN3_SPEC")
+    layers = base[B + "models/qwen/qwen3_layers.py"]
+    change = {B + "models/qwen/qwen3_layers.py": layers.replace("out = hidden_states * 2", "out = hidden_states * 3")}
+    assert levels(plan_for(tmp_path / "a", change, base=base)) == ["L0", "L4:custom-layer"]
+    unused = {B + "models/qwen/qwen3_layers.py": layers.replace("UNUSED = 1", "UNUSED = 2")}
+    assert levels(plan_for(tmp_path / "b", unused, base=base)) == []
+
+
+# ---------------------------------------------------------------- issue 26: what a family builds, from its bridge
+
+
+def test_any_config_change_of_a_moe_family_involves_moe(tmp_path):
+    # no MoE word in the change: the family's bridge maps experts, so every model it builds routes to experts
+    change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.rotary_base = hf_config.rope_theta")
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0", "L4:moe"]
+    moe = next(e for e in plan.entries if e.key == "L4:moe")
+    fams, feats = moe.justified_by()
+    assert fams == ["OlmoeBridge"]
+    assert any("OlmoeBridge's bridge/provider changed and it builds moe" in f for f in feats["moe"])
+    # a dense family's same change is Level 0 alone
+    dense = qwen_provider_adds("provider.rotary_base = hf_config.rope_theta")
+    assert levels(plan_for(tmp_path / "dense", dense)) == ["L0"]
+
+
+def _vl_moe_family() -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    base[B + "models/step_vl/__init__.py"] = ""
+    base[B + "models/step_vl/step_vl_bridge.py"] = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='StepVLForConditionalGeneration')\n"
+        "class StepVLBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.num_moe_experts = hf_config.text_config.num_experts\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('language_model.layers.*.mlp.experts.*.up_proj.weight'),\n"
+        "                AutoMapping('vision_model.ln_pre.weight')]\n")
+    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
+                                      + "from megatron.bridge.models.step_vl.step_vl_bridge import StepVLBridge\n")
+    return base
+
+
+def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
+    base = _vl_moe_family()
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    vision = {rel: base[rel].replace("AutoMapping('vision_model.ln_pre.weight')]",
+                                     "AutoMapping('vision_model.ln_pre.weight'),\n"
+                                     "                AutoMapping('vision_model.ln_post.weight')]")}
+    assert levels(plan_for(tmp_path, vision, base=base)) == ["L0", "L4:vlm"]  # a vision encoder has no experts
+    language = {rel: base[rel].replace("return provider", "provider.rotary_base = 1.0\n        return provider")}
+    assert levels(plan_for(tmp_path / "lang", language, base=base)) == ["L0", "L4:moe", "L4:vlm"]
+
+
+def _family_with_quantized_checkpoint() -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    base[B + "models/dsq/__init__.py"] = ""
+    base[B + "models/dsq/dsq_bridge.py"] = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "def _dequant_fp8_blockwise(weight, scale_inv):\n"
+        "    return weight * scale_inv\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='DsqForCausalLM')\n"
+        "class DsqBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('model.layers.*.self_attn.q_proj.weight')]\n\n"
+        "    def maybe_modify_loaded_hf_weight(self, name, weights):\n"
+        "        return _dequant_fp8_blockwise(weights[name], weights[name + '_scale_inv'])\n")
+    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
+                                      + "from megatron.bridge.models.dsq.dsq_bridge import DsqBridge\n")
+    return base
+
+
+def test_quantized_checkpoint_family_on_its_weight_import_is_quant(tmp_path):
+    # the family's HF weights are quantized (its bridge dequantizes them): a change verl's weight import runs
+    # involves them; the same family's provider config does not
+    base = _family_with_quantized_checkpoint()
+    rel = B + "models/dsq/dsq_bridge.py"
+    mapping = {rel: base[rel].replace("AutoMapping('model.layers.*.self_attn.q_proj.weight')]",
+                                      "AutoMapping('model.layers.*.self_attn.q_a_proj.weight')]")}
+    plan = plan_for(tmp_path, mapping, base=base)
+    assert "L4:quantized" in levels(plan)
+    fams, feats = next(e for e in plan.entries if e.key == "L4:quantized").justified_by()
+    assert fams == ["DsqBridge"] and any("AutoBridge.load_hf_weights" in f or "AutoBridge.export_hf_weights" in f for f in feats["quantized"])
+    config = {rel: base[rel].replace("provider.hidden_size = hf_config.hidden_size",
+                                     "provider.hidden_size = hf_config.hidden_size\n"
+                                     "        provider.rotary_base = hf_config.rope_theta")}
+    assert levels(plan_for(tmp_path / "cfg", config, base=base)) == ["L0"]
+
+
+def test_provider_field_the_familys_own_layer_reads_is_custom_layer(tmp_path):
+    base = _qwen_with_own_layers()
+    base[B + "models/qwen/qwen3_layers.py"] = base[B + "models/qwen/qwen3_layers.py"].replace(
+        "out = hidden_states * 2", "out = hidden_states * self.config.window_size[0]")
+    change = {QWEN: base[QWEN].replace("provider.hidden_size = hf_config.hidden_size",
+                                       "provider.hidden_size = hf_config.hidden_size\n"
+                                       "        provider.window_size = (hf_config.sliding_window - 1, 0)")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    _, feats = next(e for e in plan.entries if e.key == "L4:custom-layer").justified_by()
+    assert any("sets window_size, read by Qwen3Bridge's own layer modules" in f for f in feats["custom-layer"])
+
+
+def test_loss_setting_an_existing_provider_changes_is_level5_a_new_ones_is_not(tmp_path):
+    change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_aux_loss_coeff = 0.01")
+    assert levels(plan_for(tmp_path, change)) == ["L0", "L4:moe", "L5"]
+    base = _vl_moe_family()
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    new = {k: v for k, v in base.items() if "step_vl" in k or k == B + "models/__init__.py"}
+    new[rel] = new[rel].replace("return provider", "provider.moe_aux_loss_coeff = 0.01\n        return provider")
+    plan = plan_for(tmp_path / "new", new)  # the whole family is new: its loss settings are Level 0's
+    assert "L5" not in levels(plan) and "L4:moe" in levels(plan)
+
+
+def test_a_line_moved_into_a_moe_familys_bridge_is_placement_only(tmp_path):
+    # an import deferred into provider_bridge: the same text on both sides, no feature's behaviour changed
+    base = dict(BRIDGE_BASE)
+    base[OLMOE] = textwrap.dedent(BRIDGE_BASE[OLMOE]).replace(
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n",
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\nimport math\n")
+    change = {OLMOE: base[OLMOE].replace("import math\n", "").replace(
+        "        provider = GPTModelProvider()\n", "        import math\n\n        provider = GPTModelProvider()\n")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert "L4:moe" not in levels(plan)
+
+
+def test_a_familys_export_hook_is_hf_export_and_its_quantized_weights(tmp_path):
+    # re-quantizing on the way out: only verl's exports run the hook (Level 1), and the family's HF weights are
+    # quantized (Level 4 quantized); no export word in the change
+    base = _family_with_quantized_checkpoint()
+    mb = B + "models/conversion/model_bridge.py"
+    base[mb] = textwrap.dedent(base[mb]).replace(
+        "            yield mapping.megatron_to_hf(model)",
+        "            yield self.maybe_modify_converted_hf_weight(mapping.megatron_to_hf(model))").replace(
+        "    def mapping_registry(self):\n        raise NotImplementedError\n",
+        "    def mapping_registry(self):\n        raise NotImplementedError\n\n"
+        "    def maybe_modify_converted_hf_weight(self, weights):\n        return weights\n")
+    assert "self.maybe_modify_converted_hf_weight(" in base[mb] and "return weights\n" in base[mb]
+    rel = B + "models/dsq/dsq_bridge.py"
+    base[rel] += ("\n    def maybe_modify_converted_hf_weight(self, weights):\n"
+                  "        return [w.to(torch.float8_e4m3fn) for w in weights]\n")
+    change = {rel: base[rel].replace("return [w.to(torch.float8_e4m3fn) for w in weights]",
+                                     "if not weights:\n            return weights\n"
+                                     "        return [w.to(torch.float8_e4m3fn) for w in weights]")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L1", "L4:quantized"]
+
+
+def _mapping_with_dtensor_exit(negated: bool) -> dict[str, str]:
+    base = dict(BRIDGE_BASE)
+    test = "not isinstance(weights, DTensor)" if negated else "isinstance(weights, DTensor)"
+    base[MAPPING] = textwrap.dedent(BRIDGE_BASE[MAPPING]).replace(
+        "class MegatronParamMapping:\n    def hf_to_megatron(self, weights):\n        return weights\n",
+        "from torch.distributed._tensor import DTensor\n\n\n"
+        "class MegatronParamMapping:\n    def hf_to_megatron(self, weights):\n"
+        f"        if {test}:\n            return weights\n        return weights.reshape(-1)\n")
+    assert "return weights.reshape(-1)" in base[MAPPING]
+    return base
+
+
+def test_lines_after_a_negated_exit_are_about_what_it_requires(tmp_path):
+    # `if not isinstance(weights, DTensor): return`: the lines after it run only for Megatron-FSDP's DTensors
+    base = _mapping_with_dtensor_exit(negated=True)
+    change = {MAPPING: base[MAPPING].replace("return weights.reshape(-1)", "return weights.reshape(-1).clone()")}
+    assert levels(plan_for(tmp_path, change, base=base)) == ["L0", "L3"]
+    # the other way round the lines after it run only without FSDP
+    base = _mapping_with_dtensor_exit(negated=False)
+    change = {MAPPING: base[MAPPING].replace("return weights.reshape(-1)", "return weights.reshape(-1).clone()")}
+    assert levels(plan_for(tmp_path / "b", change, base=base)) == ["L0"]
+
+
+def test_a_parallel_setting_switched_off_still_is_level2(tmp_path):
+    # off, a parallel setting changes what runs under TP > 1 (a feature switched off is that feature's absence)
+    plan = plan_for(tmp_path, qwen_provider_adds("provider.sequence_parallel = False"))
+    assert levels(plan) == ["L0", "L2d"]
+    assert levels(plan_for(tmp_path / "b", qwen_provider_adds("provider.mtp_num_layers = None"))) == ["L0"]
+
+
+def test_a_shared_layer_module_is_custom_layer_of_the_families_that_build_it(tmp_path):
+    base = _qwen_with_own_layers()
+    te = B + "models/common/te_layers.py"
+    base[B + "models/common/__init__.py"] = ""
+    base[te] = ("from megatron.core.extensions.transformer_engine import TERowParallelLinear\n\n\n"
+                "class TERowParallelLinearLayerNorm(TERowParallelLinear):\n"
+                "    def forward(self, x):\n        out = x + 1\n        return out\n")
+    layers = B + "models/qwen/qwen3_layers.py"
+    base[layers] = base[layers].replace(
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n",
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n"
+        "from megatron.bridge.models.common.te_layers import TERowParallelLinearLayerNorm\n").replace(
+        "    return ModuleSpec(module=Qwen3GatedAttention)\n",
+        "    return ModuleSpec(module=Qwen3GatedAttention, submodules=TERowParallelLinearLayerNorm)\n")
+    change = {te: base[te].replace("out = x + 1", "out = x + 2")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    custom = next(e for e in plan.entries if e.key == "L4:custom-layer")
+    assert custom.justified_by()[0] == ["Qwen3Bridge"]
+    assert custom.model == "Qwen/Qwen3-0.6B"  # a family that builds the layer runs it
+
+
+def test_setting_a_parameters_gradient_state_is_gradient_flow(tmp_path):
+    # no gradient word in the function's name: what the changed line sets is the parameter's trainability
+    change = edit(MAPPING, "return weights", "weights.requires_grad = False\nreturn weights")
+    assert levels(plan_for(tmp_path, change)) == ["L0", "L5"]
+
+
+def test_the_experts_one_rank_holds_are_the_ep_layout(tmp_path):
+    change = edit(MAPPING, "return weights", "weights = weights[: self.num_local_experts]\nreturn weights")
+    assert "L2m" in levels(plan_for(tmp_path, change))
+
+
+def test_a_statement_moved_out_of_its_block_still_changes_behaviour(tmp_path):
+    # same text on both sides, but it now runs for every call: only an import moved is placement alone
+    base = _qwen_with_own_layers()
+    layers = B + "models/qwen/qwen3_layers.py"
+    base[layers] = base[layers].replace(
+        "        out = hidden_states * 2\n",
+        "        out = hidden_states * 2\n        if self.flag:\n            out = out.clone()\n            out.flag = 1\n")
+    change = {layers: base[layers].replace(
+        "        if self.flag:\n            out = out.clone()\n",
+        "        out = out.clone()\n        if self.flag:\n")}
+    assert "L4:custom-layer" in levels(plan_for(tmp_path, change, base=base))

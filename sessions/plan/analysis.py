@@ -50,6 +50,7 @@ class ChangedUnit:
     new: bool = False
     entries: list[str] = field(default_factory=list)  # verl entry points whose calls run it
     export_only: bool = False  # the nearest verl entry points that move weights all export them
+    exports_only: bool = False  # every verl entry point that moves weights and runs it exports them
     nearest: list[str] = field(default_factory=list)  # those nearest entry points
     family: str | None = None  # the provider folder it belongs to (None: family-independent)
     touched: dict[str, list[str]] = field(default_factory=dict)  # feature → facts of it on the changed lines
@@ -59,6 +60,9 @@ class ChangedUnit:
     edited: list[str] = field(default_factory=list)  # every name of its edited statements (both sides, undiffed)
     edited_expert: list[str] = field(default_factory=list)  # those on lines that run only for experts
     reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
+    sets: list[str] = field(default_factory=list)  # what its changed statements set (targets, keyword arguments)
+    only_moved: bool = False  # every changed line is an import moved here (deferred into a function): placement only
+    config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
 
     @property
     def name(self) -> str:
@@ -69,7 +73,8 @@ class ChangedUnit:
                 "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
                 "entries": self.entries, "export_only": self.export_only,
                 "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
-                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"]}
+                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"],
+                "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served]}
 
 
 def plan_reach_label(key: str) -> str:
@@ -145,6 +150,12 @@ def _moved(f, text: str | None) -> tuple[set[int], set[int]]:
     removed = {i: at(old, i) for i in f.removed}
     both = ({t for t in added.values() if re.search(r"\w", t)} & set(removed.values()))
     return {i for i, t in added.items() if t in both}, {i for i, t in removed.items() if t in both}
+
+
+def _is_import_text(text: str | None, line: int) -> bool:
+    src = (text or "").splitlines()
+    t = src[line - 1].strip() if 0 < line <= len(src) else ""
+    return t.startswith(("import ", "from "))
 
 
 def _namespaces(index: BridgeIndex, path: str) -> set[str]:
@@ -233,7 +244,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
     it is about only."""
     touched = plan_features.Sites()
-    names = ev.subject + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
+    names = ev.subject + ev.requires + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
     for name in names:
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):
@@ -247,13 +258,19 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         for f, callers in _callers_feature(index, unit).items():
             touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
+    shared_layer = plan_features.is_shared_layer(index, unit)  # its families' layer specs build it
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]
         span = set(range(bridge.start, bridge.end + 1)) & plan_reach.code_lines(index._text(bridge.file) or "")
-        served.append({"family": fam.name, "folder": fam.folder, "features": {
+        served.append({"family": fam.name, "folder": fam.folder, "bridge_file": bridge.file, "features": {
             f: fam.sites.by_feature[f][:3] for f in fam.features()},
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
-            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)})
+            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
+            or shared_layer,
+            "own": fam.folder == plan_features.folder_of(unit.file),  # else it calls into another family's code
+            "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units),
+            "builds": {f: fam.builds.by_feature[f][:3] for f in fam.builds.features()},
+            "layer_reads": sorted(set(targets) & fam.layer_reads)})
     return touched.by_feature, served
 
 
@@ -271,6 +288,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     modules = {k for k in global_reach.steps if ":" not in k}
     units: dict[str, ChangedUnit] = {}
     per_unit: dict[str, tuple[Unit, set[int], set[int], list[Evidence], set[int], set[str]]] = {}
+    removed_for: set[str] = set()  # units a removed line (not moved elsewhere) belongs to
     for f in change.files:
         if not _is_bridge_python(f.path):
             continue
@@ -298,6 +316,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), [], moved_new,
                                               spaces))[3].append(ev)
+                if line not in moved_old or not _is_import_text(f.old_text, line):
+                    removed_for.add(now.key)
     direct = _direct_modules(index, surface)
     fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
     added_by_file = {f.path: set(f.added) for f in change.files}
@@ -327,23 +347,40 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 index, unit, lines, global_reach):
             global_reach.steps.pop(key)  # tables or constants no code verl runs reads: no verl path
         # a class statement that only runs because its module is imported is no verl call: its body's values
-        # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs.
+        # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs, and
+        # module code verl's imports never load never runs either.
         imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live
-        tier = ("calls" if key in global_reach and not imported_only else
-                "none" if imported_only or unit.module not in modules else
-                "api" if ev.new and not unit.name.split(".")[-1].startswith("_")
-                and not _has_bridge_caller(index, unit) else
-                "none" if unit.kind == "method" and unit.cls not in global_reach.dispatch else
-                "imports" if _beside_verl_imports(index, unit, direct) else "none")
+        if key in global_reach and not imported_only:
+            tier = "calls"
+        elif imported_only or unit.module not in modules:
+            tier = "none"
+        elif ev.new and not unit.name.split(".")[-1].startswith("_") and not _has_bridge_caller(index, unit):
+            tier = "api"
+        elif unit.kind == "module" or (unit.kind == "method" and unit.cls not in global_reach.dispatch):
+            tier = "none"
+        else:
+            tier = "imports" if _beside_verl_imports(index, unit, direct) else "none"
         cu = ChangedUnit(key, unit.file, unit.kind, tier, global_reach.path(key) if tier == "calls" else
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code, "name": ev.name,
-                          "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits]}, ev.new,
+                          "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits],
+                          "requires": ev.requires + [n for old_ev in old_evs for n in old_ev.requires]}, ev.new,
                          family=plan_features.folder_of(unit.file), strings=ev.strings, conditions=ev.conditions,
                          edited=sorted(set((Counter(raw) - expert - spaced).elements())),
                          edited_expert=sorted(set((expert - spaced).elements())),
-                         reporting=bool(sides) and all(e.only_logging for e in sides))
+                         reporting=bool(sides) and all(e.only_logging for e in sides),
+                         sets=sorted(set(targets)))
+        text = index._text(unit.file) or ""
+        cu.only_moved = bool(lines) and all(ln in moved and _is_import_text(text, ln) for ln in lines) \
+            and key not in removed_for
+        if unit.kind in ("class", "method"):
+            cls = index.units.get(unit.cls if unit.kind == "method" else key)
+            cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)
         if tier != "none":
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
+            cu.config_code = cu.config_code or any(f["config"] and f["own"] for f in cu.served)
+            if cu.edited_expert and tier in ("calls", "api"):  # lines under `if is_expert:`: the MoE path only
+                cu.touched.setdefault("moe", []).append(
+                    f"lines that run only for experts: {', '.join(cu.edited_expert[:3])}")
         if tier == "calls" and unit.kind != "module":
             if not entry_reach:
                 for e in entries:
@@ -355,6 +392,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             closest = min((n for n, _ in directed), default=0)
             nearest = {d for n, d in directed if n == closest}
             cu.export_only = nearest == {"export"}
+            cu.exports_only = bool(directed) and {d for _, d in directed} == {"export"}
             cu.nearest = [e.label for e, r in hits if _direction(e.label) and len(r.path(key)) == closest]
             if hits:  # the shortest path from one of verl's entry points
                 cu.path = min((r.path(key) for _, r in hits), key=len)

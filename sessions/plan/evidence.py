@@ -47,13 +47,33 @@ def _names_in(node: ast.AST, skip: set[int], strings: bool = False) -> list[str]
     return out
 
 
+# Parallel settings: switched off they still change what runs under TP/PP/CP/EP > 1 (`sequence_parallel = False`
+# in a vision encoder), unlike a feature switched off (`mtp_num_layers = None`: no MTP).
+PARALLEL_SETTINGS = ("sequence parallel", "tensor parallel", "pipeline parallel", "context parallel",
+                     "expert parallel", "tp", "pp", "cp", "ep", "etp", "vpp")
+
+
+# ... and so does a parameter's trainability switched off (`p.requires_grad = False` freezes it).
+OFF_STILL_COUNTS = ("requires grad",)
+
+
+def _parallel_setting(n: ast.AST) -> bool:
+    if isinstance(n, ast.keyword):
+        names = [n.arg or ""]
+    else:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+        names = [x.attr if isinstance(x, ast.Attribute) else x.id for t in targets for x in ast.walk(t)
+                 if isinstance(x, (ast.Attribute, ast.Name))][:1]
+    return words_hit(names, PARALLEL_SETTINGS + OFF_STILL_COUNTS)
+
+
 def _silenced(tree: ast.AST) -> set[int]:
     """Nodes whose names never count: pass-through keywords, features switched off, import statements."""
     skip: set[int] = set()
     for n in ast.walk(tree):
-        if isinstance(n, ast.keyword) and (_pass_through(n) or _switched_off(n.value)):
+        if isinstance(n, ast.keyword) and (_pass_through(n) or (_switched_off(n.value) and not _parallel_setting(n))):
             skip.update(id(x) for x in ast.walk(n))
-        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _switched_off(n.value):
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)) and _switched_off(n.value) and not _parallel_setting(n):
             skip.update(id(x) for x in ast.walk(n))
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
             skip.update(id(x) for x in ast.walk(n))
@@ -71,12 +91,14 @@ class Evidence:
     strings: list[str] = field(default_factory=list)  # name-like strings of the changed code (parameter names of a
     # mapping table, HF config keys): what the code converts, never prose (no spaces) nor a docstring
     conditions: list[str] = field(default_factory=list)  # source of the conditions the changed lines run under
-    targets: list[str] = field(default_factory=list)  # what the edited statements set (assignment targets)
+    targets: list[str] = field(default_factory=list)  # what the edited statements set (assignment targets and
+    # keyword arguments of changed lines)
     name: list[str] = field(default_factory=list)  # the unit's own names (class and method apart)
     exits: list[str] = field(default_factory=list)  # names of early exits before the changed lines: what they rule
     # out is no subject, but a size they compare (`if self.ep_size == 1: return`) is one the lines after need
     expert_code: list[str] = field(default_factory=list)  # names of changed lines that run only for experts
     namespaced: list[str] = field(default_factory=list)  # imported modules used as namespaces (`tensor_parallel.X`)
+    requires: list[str] = field(default_factory=list)  # names of a negated early exit before the changed lines
     statements: int = 0  # changed simple statements (imports, assignments, calls...)
     only_imports: bool = False  # every changed code line is an import statement
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
@@ -178,8 +200,7 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
         if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and id(n) not in skip and any(
                 n.lineno <= ln <= (n.end_lineno or n.lineno) for ln in lines):
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
-                ev.targets += [x.id if isinstance(x, ast.Name) else x.attr for x in ast.walk(t)
-                               if isinstance(x, (ast.Name, ast.Attribute))][-1:]
+                ev.targets += _set_names(t)
     docs = {id(b.body[0].value) for b in ast.walk(node) if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef,
             ast.ClassDef, ast.Module)) and b.body and isinstance(b.body[0], ast.Expr)
             and isinstance(b.body[0].value, ast.Constant)}
@@ -201,6 +222,8 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
             name = n.arg
         elif isinstance(n, ast.keyword) and n.arg:
             name = n.arg
+            if line in lines:
+                ev.targets.append(n.arg)  # a keyword on a changed line sets that field (`Provider(window_size=...)`)
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs \
                 and NAME_LIKE.fullmatch(n.value):
             ev.strings.append(n.value)
@@ -250,11 +273,18 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
             negated |= {id(x) for u in ast.walk(n.test) if isinstance(u, ast.Compare) and len(u.ops) == 1
                         and isinstance(u.ops[0], ast.NotIn) for x in ast.walk(u.left)}  # `".adapter." not in p`
             names = _names_in(n.test, skip | negated, strings=True)
-            if any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines):
+            in_body = any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.body for ln in lines)
+            in_else = any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in n.orelse for ln in lines)
+            trivial = _exits_when_trivial(n.test)  # `if self.tp_size == 1:` holds at the default settings
+            if in_body and not trivial:
                 ev.conditions.append(ast.unparse(n.test)[:200])
+            if in_else and trivial:
+                ev.conditions.append(f"not ({ast.unparse(n.test)[:190]})")
             if test_lines & lines:
                 ev.guards += names  # an edited condition: compared with the old one by the caller
-            elif any(b.lineno <= ln <= (b.end_lineno or b.lineno) for b in [*n.body, *n.orelse] for ln in lines):
+            elif in_else:  # the else of `if not isinstance(p, DTensor):` runs for DTensors: the negated names count
+                ev.subject += _names_in(n.test, skip, strings=True)
+            elif in_body and not trivial:
                 ev.subject += names
     for block in {id(b): b for n in own for b in _blocks(n)}.values():
         for i, s in enumerate(block):
@@ -265,6 +295,24 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
             if _exits_when_trivial(s.test) and any(set(_span(later)) & lines for later in block[i + 1:]):
                 ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
                 ev.exits += _names_in(s.test, skip)
+            elif isinstance(s.test, ast.UnaryOp) and isinstance(s.test.op, ast.Not) and \
+                    any(set(_span(later)) & lines for later in block[i + 1:]):
+                # `if not isinstance(p, DTensor): return` before a changed line: the line runs only for DTensors
+                # (what it requires is what it is about; no parallel size: Level 2 reads only sizes' exits)
+                ev.requires += _names_in(s.test.operand, skip, strings=True)
+
+
+def _set_names(t: ast.AST) -> list[str]:
+    """What an assignment target sets: the field (`provider.window_size = ...` sets window_size), the variable."""
+    if isinstance(t, (ast.Tuple, ast.List)):
+        return [x for e in t.elts for x in _set_names(e)]
+    if isinstance(t, ast.Attribute):
+        return [t.attr]
+    if isinstance(t, ast.Name):
+        return [t.id]
+    if isinstance(t, (ast.Subscript, ast.Starred)):
+        return _set_names(t.value)
+    return []
 
 
 def code_lines(text: str) -> set[int]:

@@ -1,7 +1,9 @@
 """Model families and their features, read from the Bridge's own code at the commit (never from the diff's words).
 
 A *family* is one registered bridge class (`@MegatronModelBridge.register_bridge(...)`) with the code of its own
-folder that it reaches through its references: its provider, its layer specs and layer modules, its helpers.
+folder that it reaches through its references (and the module tables it reads): its provider, its layer specs and
+layer modules, its helpers. A family of another model folder whose code calls into a unit serves it too (Gemma 4 VL
+building Gemma 4's attention); shared code (outside family folders) serves every family.
 Its *features* are facts of that code:
 - moe: expert counts or MoE settings the provider sets (`num_moe_experts`, `moe_*`), expert weight mappings
   (`...mlp.experts...`), routed-expert config keys;
@@ -14,6 +16,12 @@ Its *features* are facts of that code:
 - qat: ModelOpt / QAT state (quantizer modules, amax mappings).
 
 The same detectors, applied to the changed lines of a unit, say which features a change *touches*.
+
+What a family *builds* is read from its bridge class and provider classes alone (`builds`): the HF config and
+weights it maps. Modelling code of its folder that handles a sibling's feature (a VL model class reading
+`moe_layer_freq` for the MoE variant) is no property of it. `layer_reads` are the config fields its own layer
+modules read (`self.config.window_size`): a change that sets one changes its custom layer's behaviour. A layer
+module of shared model code (`models/common/`) serves the families whose layer specs build it.
 """
 
 from __future__ import annotations
@@ -73,7 +81,8 @@ def _last_name(n: ast.AST) -> str | None:
 def is_layer_class(node: ast.ClassDef) -> bool:
     """A layer module of the family's own: derives from an attention/MLP/norm/linear/layer class, and is not a
     bridge, provider, config, mapping or model wrapper."""
-    if _hit(words_of(node.name), NOT_A_LAYER) and not _hit(words_of(node.name), ("attention", "mlp", "norm")):
+    words = words_of(node.name)
+    if words and words[-1] in NOT_A_LAYER:  # what it is, by its last word (`Step35DecoderLayer` is a layer)
         return False
     own_kind = _hit(words_of(node.name), LAYER_BASE_WORDS)
     for b in node.bases:
@@ -194,6 +203,9 @@ class FamilyModel:
     sites: Sites = field(default_factory=Sites)
     layer_units: set[str] = field(default_factory=set)  # its own layer modules / specs (and their methods)
     layer_files: set[str] = field(default_factory=set)  # files defining them
+    config_units: set[str] = field(default_factory=set)  # its bridge and provider classes (with their methods)
+    builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
+    layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
 
     @property
     def name(self) -> str:
@@ -238,6 +250,10 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             unit = index.units[k]
             stack += [r for r in unit.refs if r in in_folder]
             stack += [b for b in unit.bases if b in in_folder]
+            for var in unit.var_refs:  # the module-level tables it reads (a layer spec table)
+                mod, _, name = var.rpartition(".")
+                info = index.modules.get(mod)
+                stack += [r for r in (info.table_refs.get(name, ()) if info else ()) if r in in_folder]
             if unit.kind == "class":
                 stack += list(unit.methods.values())
         for m in sorted({k.split(":", 1)[0] for k in fam.units}):  # the tables at module level its code uses
@@ -257,8 +273,44 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             own = [unit.node] if unit.kind != "class" else [unit.node]
             nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
             fam.sites.update(sites_in(nodes, file=unit.file))
+        _config_code(index, fam)
         out.append(fam)
     return out
+
+
+# What the family *builds*: its bridge (provider_bridge, mapping_registry: the HF config and weights it maps) and its
+# provider classes. A feature there is a property of every model of the family (a MoE family builds experts in every
+# MoE layer), unlike a feature of shared modelling code the family's folder also holds (a VL model class that
+# handles `moe_layer_freq` for its MoE sibling).
+PROVIDER_WORDS = ("provider", "model config")
+
+
+def is_provider_class(index: BridgeIndex, unit: Unit) -> bool:
+    if unit.kind != "class" or not isinstance(unit.node, ast.ClassDef):
+        return False
+    names = [unit.node.name] + [x for x in (_last_name(b) for b in unit.node.bases) if x]
+    return any(_hit(words_of(n), PROVIDER_WORDS) for n in names)
+
+
+def _config_code(index: BridgeIndex, fam: FamilyModel) -> None:
+    """The family's bridge and provider classes (its config code), the features they build, and the config fields
+    its own layer modules read (`self.config.window_size` in its attention class)."""
+    bridge = index.units[fam.bridge]
+    classes = [bridge] + [index.units[k] for k in sorted(fam.units)
+                          if k != fam.bridge and is_provider_class(index, index.units[k])]
+    for cls in classes:
+        fam.config_units.add(cls.key)
+        fam.config_units.update(cls.methods.values())
+        fam.builds.update(sites_in(_class_own(cls), file=cls.file))
+        for m in cls.methods.values():
+            fam.builds.update(sites_in(list(ast.walk(index.units[m].node)), file=index.units[m].file))
+    for k in fam.layer_units:
+        u = index.units[k]
+        if u.kind == "function" or (u.kind == "class" and not is_layer_class(u.node)):
+            continue  # a spec function reads sizes to pick modules; the layer modules' own reads are its behaviour
+        for n in ast.walk(u.node):
+            if isinstance(n, ast.Attribute) and _last_name(n.value) == "config" and isinstance(n.ctx, ast.Load):
+                fam.layer_reads.add(n.attr)
 
 
 def _module_own(unit: Unit) -> list[ast.AST]:
@@ -276,14 +328,77 @@ def _class_own(unit: Unit) -> list[ast.AST]:
 
 
 def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:
-    """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it)."""
+    """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it): the
+    bridges of its folder that reach it, and bridges of other model folders whose code calls into it (Gemma 4 VL
+    building Gemma 4's attention)."""
     folder = folder_of(unit.file)
-    if folder is None:
-        return []
-    if folder not in cache:
-        cache[folder] = families_in(index, folder)
     key = unit.cls if unit.kind == "method" and unit.cls else unit.key
-    hits = [f for f in cache[folder] if unit.key in f.units or key in f.units]
+    if folder is None:
+        if not is_shared_layer(index, unit):
+            return []
+        # a layer module Bridge defines in shared model code (a TE linear with a fused norm): the families whose
+        # own layer specs build it
+        hits = []
+        for bridge in _bridges_using(index, key):
+            other = folder_of(index.units[bridge].file)
+            hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits] if other else []
+        return hits
+    hits = [f for f in _families(index, folder, cache) if unit.key in f.units or key in f.units]
     if not hits and unit.kind == "module":
         hits = [f for f in cache[folder] if any(k.split(":", 1)[0] == unit.module for k in f.units)]
+    for bridge in _bridges_using(index, key):
+        other = folder_of(index.units[bridge].file)
+        if other and other != folder:
+            hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits]
     return hits
+
+
+def is_shared_layer(index: BridgeIndex, unit: Unit) -> bool:
+    """A layer module (or its method) of Bridge's shared model code: Bridge's own layer behaviour, not Megatron-Core's."""
+    if not unit.file.startswith(plan_rules.MODELS) or folder_of(unit.file) is not None:
+        return False
+    cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else unit if unit.kind == "class" else None
+    return cls is not None and isinstance(cls.node, ast.ClassDef) and is_layer_class(cls.node)
+
+
+def _families(index: BridgeIndex, folder: str, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:
+    if folder not in cache:
+        cache[folder] = families_in(index, folder)
+    return cache[folder]
+
+
+def _bridges_using(index: BridgeIndex, key: str) -> list[str]:
+    """Registered bridge classes of any model folder whose code reaches `key` through family code only (never
+    through shared code: that serves every family)."""
+    users = _users(index)
+    seen, stack, out = {key}, [key], []
+    while stack:
+        k = stack.pop()
+        for u in users.get(k, ()):
+            if u in seen or folder_of(index.units[u].file) is None:
+                continue
+            seen.add(u)
+            if is_bridge_class(index.units[u].node):
+                out.append(u)
+            stack.append(u)
+    return out
+
+
+def _users(index: BridgeIndex) -> dict[str, set[str]]:
+    """unit key → the units that reference it (a method: its class; a table's entries: who reads the table)."""
+    cached = getattr(index, "_users_cache", None)
+    if cached is not None and cached[0] == len(index.units):
+        return cached[1]
+    out: dict[str, set[str]] = {}
+    for u in list(index.units.values()):
+        for r in u.refs | set(u.bases):
+            out.setdefault(r, set()).add(u.key)
+        if u.kind == "method" and u.cls:
+            out.setdefault(u.key, set()).add(u.cls)
+        for var in u.var_refs:
+            mod, _, name = var.rpartition(".")
+            info = index.modules.get(mod)
+            for r in (info.table_refs.get(name, ()) if info else ()):
+                out.setdefault(r, set()).add(u.key)
+    index._users_cache = (len(index.units), out)
+    return out

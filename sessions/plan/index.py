@@ -1,7 +1,8 @@
 """The index of one Megatron-Bridge checkout, read with `ast`: every module under `src/megatron/bridge`, cut into
 units (the module's top-level code, each class statement with its body, each function or method; a function nested
 in a function belongs to it). Each unit's references: names it loads, resolved through the module's imports
-(re-exports followed), its local imports, and the attribute names it uses. Annotations are not references (they run
+(re-exports followed), its local imports, and the attribute names it uses; the module-level variables it reads
+(tables, specs, constants) and, per module, what each such table names. Annotations are not references (they run
 nothing). Modules are parsed on first use.
 """
 
@@ -35,6 +36,7 @@ class Unit:
     deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
     called: set[str] = field(default_factory=set)  # what it calls (a class called is instantiated)
     var_refs: set[str] = field(default_factory=set)  # module-level variables it reads ("pkg.mod.NAME")
+    passed: set[str] = field(default_factory=set)  # module code: what it hands to a call (`register("x", f)`)
 
     @property
     def name(self) -> str:
@@ -49,6 +51,7 @@ class ModuleInfo:
     table: dict[str, tuple] = field(default_factory=dict)  # name → ("unit", key) | ("module", m) | ("from", m, n)
     units: list[str] = field(default_factory=list)
     assigned: set[str] = field(default_factory=set)  # names its top-level assignments bind (tables, specs, constants)
+    table_refs: dict[str, set[str]] = field(default_factory=dict)  # such a name → the units its value names
 
 
 def module_name(rel: str) -> str | None:
@@ -350,6 +353,21 @@ class BridgeIndex:
                 if t and t[0] == "unit":
                     unit.registered = True  # a Bridge decorator keeps the class: a registry hands it out
                     unit.deco_refs.add(t[1])
+        if unit.kind == "module":
+            for n in nodes:
+                if isinstance(n, ast.Call):
+                    for arg in [*n.args, *[k.value for k in n.keywords]]:
+                        unit.passed.update(t[1] for x in ast.walk(arg) if (t := self._target(x, info, local))
+                                           and t[0] == "unit")
+        if unit.kind == "module":  # what each module-level table names (`spec = ModuleSpec(module=FalconH1Layer)`)
+            for stmt in _top_statements(unit.node):
+                if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                    named = {t[1] for x in ast.walk(stmt.value) if (t := self._target(x, info, local))
+                             and t[0] == "unit"}
+                    for tgt in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]):
+                        for x in ast.walk(tgt):
+                            if isinstance(x, ast.Name):
+                                info.table_refs.setdefault(x.id, set()).update(named)
         unit.refs.discard(unit.key)
 
     def _variable(self, info: ModuleInfo, local: dict, name: str) -> str | None:
@@ -423,6 +441,17 @@ class BridgeIndex:
             if u.kind != "module" and u.start <= line <= u.end and (u.end - u.start) <= (best.end - best.start):
                 best = u
         return best
+
+
+def _top_statements(tree: ast.AST):
+    """A module's top-level statements, those inside top-level if/try/with blocks too."""
+    stack = list(getattr(tree, "body", []))
+    while stack:
+        s = stack.pop(0)
+        yield s
+        if isinstance(s, (ast.If, ast.Try, ast.With)):
+            stack += [*s.body, *getattr(s, "orelse", []), *getattr(s, "finalbody", []),
+                      *[x for h in getattr(s, "handlers", []) for x in h.body]]
 
 
 def _builds_cls(node: ast.AST | None) -> bool:

@@ -2,7 +2,8 @@
 
 Reachability from verl's surface (sessions/plan/verl_surface.py) is a fixpoint:
 - importing a module runs its top-level code and every class statement in it (registrations, decorators), and the
-  packages above it;
+  packages above it; module code naming a class or function without calling it (or handing it to a call) builds and
+  runs nothing, until reached code reads the table that names it (`spec = ModuleSpec(module=FalconH1Layer)`);
 - a reached unit reaches what it references; a class it references becomes *live*;
 - a method of a live class is reached when its name is used as an attribute by reached code or by verl (or it is
   called implicitly: dunders, `forward`); a subclass, in an imported module, of a live class is live too (registries
@@ -142,16 +143,26 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
         dormant = unit.kind == "class" and key not in r.live
         for name in () if dormant else unit.attrs:
             use_attr(name, unit.key)
+        # a module-level table the unit reads (`falconh1_stack_spec`): what it names is built from it
+        for var in () if dormant or unit.kind == "module" else sorted(unit.var_refs):
+            mod, _, name = var.rpartition(".")
+            info = index.modules.get(mod)
+            for ref in sorted(info.table_refs.get(name, ())) if info else ():
+                target = index.unit(ref)
+                if target is not None:
+                    if target.kind == "class":
+                        make_live(ref, Step(key, f"named by the table {name} it reads"))
+                    visit(ref, Step(key, f"named by the table {name} it reads"))
         for ref in sorted(unit.deco_refs if dormant else unit.refs):
             target = index.unit(ref)
             if target is None:
                 continue
             step = Step(key, "imports" if target.kind == "module" else "references")
             # module code naming a class without calling it (a table of builders) makes no instance, and naming a
-            # function without calling it (a table of adapters) runs nothing
+            # function without calling it or handing it to a call (a table of adapters) runs nothing
             if target.kind == "class" and (unit.kind != "module" or ref in unit.called):
                 make_live(ref, step)
-            if target.kind == "function" and unit.kind == "module" and ref not in unit.called:
+            if target.kind == "function" and unit.kind == "module" and ref not in unit.called | unit.passed:
                 continue
             visit(ref, step)
     return r

@@ -14,7 +14,7 @@ from sessions.plan import features as plan_features
 from sessions.plan import line_settings
 from sessions.plan import rules as plan_rules
 from sessions.plan.analysis import Analysis, ChangedUnit, _matches, is_doc, topic_hits
-from sessions.plan.change import Change, _is_bridge_python
+from sessions.plan.change import Change, ChangedFile, _is_bridge_python
 from sessions.plan.rules import Family, Rule
 
 
@@ -185,6 +185,19 @@ def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]
     return hits
 
 
+def _serving_family(change: Change, entry: Entry) -> FamilyHit | None:
+    """For a Level 4 entry of shared code that some families build (a shared layer module their specs use): the
+    first of those families, so the run exercises the changed code."""
+    if entry.level != 4:
+        return None
+    files = [f["file"] for r in entry.reasons for u in r.units for f in u.get("served_by", [])]
+    if not files:
+        return None
+    hits = detect_families(Change(change.repo, change.head, change.base, change.merge_base,
+                                  [ChangedFile(files[0], "M")]), [])
+    return hits[0] if hits else None
+
+
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
@@ -220,11 +233,19 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
     subject = list(u.words["subject"])
     if rule.level == 2:
         subject = [w for w in subject if w not in u.words.get("name", [])] + list(u.words.get("exits", []))
+    else:
+        subject += u.words.get("requires", [])  # what a negated early exit before the lines requires
     hits = topic_hits(rule, subject)
     if u.tier in ("calls", "api") and rule.evidence == "code":
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
         hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
+    if u.tier == "calls" and rule.sets_in and not u.new and _matches(u.file, rule.sets_in):
+        # a field an existing provider now sets differently (a new one's defaults are Level 0's); anywhere verl
+        # calls, what a parameter's gradient state is set to (`p.requires_grad = False`, `p.main_grad = ...`)
+        sets = [s for s in u.sets if not plan_features.FLAG.match(s)
+                and (u.config_code or "grad" in plan_features.words_of(s))]
+        hits += topic_hits(rule, sets)
     return sorted(set(hits))
 
 
@@ -254,25 +275,74 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
     A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
     VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
-    changed code is the family's own layer module or layer spec."""
+    changed code is the family's own layer module or layer spec. A family of another folder that reuses the code
+    (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it.
+    The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
+    when the change is vision-only), its quantized HF weights when the change is on a way verl moves weights, custom
+    layer when the change sets a field its own layer modules read. Lines only moved involve nothing."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
         return {}
+    if u.only_moved:
+        return {}  # an import moved (deferred into the function): placement, no feature's behaviour
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
-        take = dict(feats) if fam["new"] else {}
-        if "vlm" in feats:
-            take["vlm"] = feats["vlm"]
+        own = fam.get("own", True)  # a family reusing another family's code: only that code's layer counts
+        builds = fam.get("builds", {})
+        take: dict[str, tuple[str, list[str]]] = {}
+        if fam["new"] and own:
+            take.update({f: (f"{fam['family']} is new and has {f}", facts) for f, facts in feats.items()})
+        if "vlm" in feats and own:
+            take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
+        if own and fam.get("config") and u.tier == "calls" and u.entries:
+            # its bridge or provider config (what verl's provider and weight calls build every model of the family
+            # from) changed: a MoE family builds experts in its MoE layers, a VLM family its vision side, whatever
+            # the changed field is — unless the change is on the vision side only (a vision encoder has no experts)
+            vision_only = "vlm" in u.touched and not set(u.touched) - {"vlm"}
+            for f in WHOLE_MODEL:
+                if f in builds and not (f == "moe" and vision_only):
+                    take.setdefault(f, (f"{fam['family']}'s bridge/provider changed and it builds {f}", builds[f]))
+            moving = [e for e in u.entries if _moves_weights(e)]
+            if "quantized" in builds and moving:
+                take.setdefault("quantized", (
+                    f"{fam['family']}'s HF weights are quantized and the change is on the way verl moves them "
+                    f"({moving[0]})", builds["quantized"]))
         if fam["layer"]:
-            take["custom-layer"] = feats.get("custom-layer") or ["its own layer code"]
-        for f, facts in take.items():
-            why = (f"{fam['family']} is new and has {f}" if fam["new"] else
-                   f"{fam['family']} is a vision-language family" if f == "vlm" else
-                   f"{fam['family']}'s own layer code changed")
-            out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}")
+            take["custom-layer"] = (f"{fam['family']}'s own layer code changed" if own else
+                                    f"{fam['family']}'s layer specs build the changed layer module",
+                                    feats.get("custom-layer") or ["its own layer code"])
+        elif own and fam.get("layer_reads"):
+            take.setdefault("custom-layer", (
+                f"the change sets {', '.join(fam['layer_reads'][:3])}, read by {fam['family']}'s own layer modules",
+                feats.get("custom-layer") or []))
+        for f, (why, facts) in take.items():
+            out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}" if facts else why)
     return out
+
+
+# Features of what a whole model is: every layer of a MoE family routes to experts, a VLM always has its vision
+# side. Any change to such a family's bridge or provider involves them. MTP, quantized weights, ModelOpt and
+# custom layers are parts of a model: a change involves them only where it touches them.
+WHOLE_MODEL = ("moe", "vlm")
+WEIGHT_IMPORT = ("load hf weights", "load weights", "hf to megatron", "import ckpt", "import hf")
+
+
+def _exports(label: str) -> bool:
+    words = set(plan_features.words_of(label.split(".")[-1]))
+    return any(set(t.split()) <= words for t in plan_rules.EXPORT_WORDS)
+
+
+def _moves_weights(label: str) -> bool:
+    """A verl entry point that moves weights between HF and Megatron, either way."""
+    return _weight_import(label) or (_exports(label) and "weights" in plan_features.words_of(label.split(".")[-1]))
+
+
+def _weight_import(label: str) -> bool:
+    """A verl entry point that loads HF weights into the Megatron model (`AutoBridge.load_hf_weights`)."""
+    words = set(plan_features.words_of(label.split(".")[-1]))
+    return any(set(t.split()) <= words for t in WEIGHT_IMPORT)
 
 
 def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
@@ -310,9 +380,14 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
                 continue  # Level 4 comes from the families' features (involved_features)
             if rule.level == 1 and new_family_only:
                 continue  # a new family's own save/export hooks: every family has them; L1 is for changes to them
+            if rule.name == "dispatcher" and new_family_only:
+                continue  # a new provider's dispatcher setting: its EP run is a follow-up (the moe-ep-follow-up)
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
+            if rule.name == "hf-export" and u.tier == "calls" and u.exports_only and u.family and not u.only_moved:
+                # a family's export hook (re-quantizing, renaming on the way out): only verl's exports run it
+                hits = hits or [f"only verl's exports run it: {', '.join(e for e in u.entries if _exports(e))}"]
             if hits:
                 add(rule, [u.file], [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
     for f in code:
@@ -343,7 +418,7 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     families = detect_families(change, units)
     primary = families[0] if families else None
     for e in entries + optional:
-        e.model, e.dummy = _entry_model(e, primary)
+        e.model, e.dummy = _entry_model(e, primary or _serving_family(change, e))
         if e.level in (2, 3, 4):
             conds = list(dict.fromkeys(c for r in e.reasons for u in r.units for c in u.get("conditions", [])))
             for what, overrides in line_settings.settings_for(conds, e.level, e.variant):

@@ -9,7 +9,12 @@ one of its `topics` matches:
 - `evidence="subject"`: only what the unit is about counts (its name and class, the conditions its changed lines
   run under, a new function's signature) — the table's "... changed" columns (L1, L2, L5);
   `evidence="code"`: any name its changed code uses counts — the table's "involved" / "touches" (L3, L4).
-Code verl imports but never calls counts by its subject only; code verl never imports counts for nothing.
+Code verl imports but never calls counts by its subject only, and only where code of a module verl imports calls
+it; code verl never imports, methods of classes verl never builds, changed imports, module tables no reached code
+reads and calls that only log count for nothing.
+Level 2 reads what the changed lines read or set of the parallel state and the conditions they run under (an early
+exit on a trivial size, `if self.ep_size == 1: return`, makes the lines after it need EP > 1), never the unit's
+name; lines that run only for experts, or units named for experts, ask for the MoE variant.
 `areas` are packages whose every change verl reaches is about the rule (all of `peft/` is PEFT).
 """
 
@@ -56,6 +61,8 @@ class Rule:
     code_topics: tuple[str, ...] = ()  # evidence="code": topics for the code's names when narrower than `topics`
     code_in: tuple[str, ...] = ()  # globs where the names of changed code verl runs count, not only its subject
     unless: tuple[str, ...] = ()  # topics that make an identifier mean something else (activation checkpointing)
+    sets_in: tuple[str, ...] = ()  # globs where a field the changed code *sets* counts (`moe_aux_loss_coeff = ...`
+    # in a provider changes the loss), not only its subject
 
 
 # Megatron's modules whose functions are the mpu state itself (`parallel_state.get_tensor_model_parallel_rank()`);
@@ -107,7 +114,8 @@ RULES: tuple[Rule, ...] = (
                  "sequence parallel", "virtual pipeline", "pipeline stage"), variant="dense", code_in=PARALLEL_CODE),
     Rule("expert-parallel", 2, "expert layout / expert parallelism changed: stress EP=2 on a MoE checkpoint",
          topics=("ep", "etp", "expert parallel", "expert tensor parallel", "expt tp", "expert layout", "ep group",
-                 "ep rank", "ep size"), variant="moe", code_in=PARALLEL_CODE),
+                 "ep rank", "ep size", "num local experts", "local expert indices"), variant="moe", code_in=PARALLEL_CODE),
+    # (the experts one rank holds — `num_local_experts`, `local_expert_indices` — are the EP layout itself)
     Rule("dispatcher", 2, "MoE dispatcher / router replay changed: stress expert-parallel routing",
          topics=("dispatcher", "deepep", "hybridep", "alltoall", "router replay", "routing replay", "flex dispatcher"), variant="moe",
          code_in=PARALLEL_CODE),
@@ -139,13 +147,13 @@ RULES: tuple[Rule, ...] = (
                  "clip grad", "adam", "get megatron optimizer")),
     Rule("scheduler", 5, "learning-rate scheduler changed", topics=("scheduler", "lr decay", "lr warmup")),
     Rule("loss", 5, "loss changed: actor/critic losses must stay finite and move",
-         topics=("loss", "losses", "cross entropy")),
+         topics=("loss", "losses", "cross entropy"), sets_in=PARALLEL_CODE),
     Rule("reward", 5, "reward computation changed", topics=("reward", "rewards")),
     Rule("peft-trainability", 5, "PEFT trainability changed: adapters must stay trainable (non-zero trainable "
          "parameters, non-frozen LoRA)", topics=("requires grad", "freeze", "frozen", "trainable", "unfreeze"),
          within="peft"),
     Rule("gradient-flow", 5, "gradient flow changed: no repeated zero grad norms, detached or frozen parameters",
-         topics=("grad", "grads", "gradient", "gradients", "detach")),
+         topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=(SRC + "*",)),
 )
 
 BY_NAME = {r.name: r for r in RULES}
