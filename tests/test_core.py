@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 from pathlib import Path
 
@@ -68,6 +69,27 @@ def test_run_logged_stall_timeout_stops_the_group(tmp_path):
                          cwd=tmp_path, env={}, log=log, log_path=log_path, echo=io.BytesIO(), stall_timeout=1.5)
     assert res.termination == "timeout" and res.duration_s < 30
     assert b"started" in Path(log_path).read_bytes()
+
+
+def test_run_logged_stops_the_group_when_the_tool_itself_fails(tmp_path):
+    """A watch that raises (a bug in the tool) must not leave the trainer running: the group is killed, the
+    error propagates, the log keeps what came."""
+    log_path, pid_file = tmp_path / "log", tmp_path / "pid"
+
+    def broken_watch() -> str | None:
+        if pid_file.exists() and b"started" in log_path.read_bytes():
+            raise RuntimeError("the tool's own bug")
+        return None
+
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); print('started', flush=True); " \
+           "time.sleep(600)"
+    with open(log_path, "wb") as log, pytest.raises(RuntimeError, match="the tool's own bug"):
+        run_logged([sys.executable, "-c", code], cwd=tmp_path, env={}, log=log, log_path=log_path,
+                   echo=io.BytesIO(), watch=broken_watch)
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert b"started" in log_path.read_bytes()
 
 
 def test_split_forwarded_cuts_after_the_forwarding_tasks_own_flags():

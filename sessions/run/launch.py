@@ -331,6 +331,9 @@ def run_logged(
             if stop_deadline is not None and now > stop_deadline:
                 _stop_group(proc, signal.SIGKILL)
                 stop_deadline = now + 5.0
+    except BaseException:  # the tool itself failed (a bug, a watch that raised): verl must not outlive it
+        termination = termination or "interrupted"
+        raise
     finally:
         write(redactor.flush())
         sel.close()
