@@ -283,18 +283,24 @@ def test_family_independent_export_code_with_its_reason_and_models(tmp_path):
         "the nearest verl calls that move weights export them: AutoBridge.export_hf_weights"]
 
 
+def _with_family(folder: str, module: str, cls: str, source: str) -> dict[str, str]:
+    """BRIDGE_BASE plus one model family: its package, its bridge module, and the import models/__init__.py adds."""
+    base = dict(BRIDGE_BASE)
+    base[B + f"models/{folder}/__init__.py"] = ""
+    base[B + f"models/{folder}/{module}.py"] = source
+    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
+                                      + f"from megatron.bridge.models.{folder}.{module} import {cls}\n")
+    return base
+
+
 def test_change_to_a_vision_language_family_involves_vlm(tmp_path):
     # a language-side fix (no vision name in it) in a VL family's own code still needs the multimodal check
-    base = dict(BRIDGE_BASE)
-    base[B + "models/qwen_vl/__init__.py"] = ""
-    base[B + "models/qwen_vl/qwen3_vl_bridge.py"] = (
+    base = _with_family("qwen_vl", "qwen3_vl_bridge", "Qwen3TowerBridge", (
         "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n\n\n"
         "@MegatronModelBridge.register_bridge(source='Qwen3VLForConditionalGeneration')\n"
         "class Qwen3TowerBridge(MegatronModelBridge):\n"
         "    def provider_bridge(self, hf_config):\n        return hf_config\n\n"
-        "    def mapping_registry(self):\n        return ['visual.blocks.*.attn.qkv.weight']\n")
-    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
-                                      + "from megatron.bridge.models.qwen_vl.qwen3_vl_bridge import Qwen3TowerBridge\n")
+        "    def mapping_registry(self):\n        return ['visual.blocks.*.attn.qkv.weight']\n"))
     change = {B + "models/qwen_vl/qwen3_vl_bridge.py": base[B + "models/qwen_vl/qwen3_vl_bridge.py"].replace(
         "return hf_config", "hf_config.rope_theta = 1.0\n        return hf_config")}
     plan = plan_for(tmp_path, change, base=base)
@@ -599,9 +605,7 @@ def test_any_config_change_of_a_moe_family_involves_moe(tmp_path):
 
 
 def _vl_moe_family() -> dict[str, str]:
-    base = dict(BRIDGE_BASE)
-    base[B + "models/step_vl/__init__.py"] = ""
-    base[B + "models/step_vl/step_vl_bridge.py"] = (
+    return _with_family("step_vl", "step_vl_bridge", "StepVLBridge", (
         "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
         "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
         "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
@@ -613,10 +617,7 @@ def _vl_moe_family() -> dict[str, str]:
         "        return provider\n\n"
         "    def mapping_registry(self):\n"
         "        return [AutoMapping('language_model.layers.*.mlp.experts.*.up_proj.weight'),\n"
-        "                AutoMapping('vision_model.ln_pre.weight')]\n")
-    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
-                                      + "from megatron.bridge.models.step_vl.step_vl_bridge import StepVLBridge\n")
-    return base
+        "                AutoMapping('vision_model.ln_pre.weight')]\n"))
 
 
 def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
@@ -631,9 +632,7 @@ def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
 
 
 def _family_with_quantized_checkpoint() -> dict[str, str]:
-    base = dict(BRIDGE_BASE)
-    base[B + "models/dsq/__init__.py"] = ""
-    base[B + "models/dsq/dsq_bridge.py"] = (
+    return _with_family("dsq", "dsq_bridge", "DsqBridge", (
         "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
         "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
         "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
@@ -648,10 +647,7 @@ def _family_with_quantized_checkpoint() -> dict[str, str]:
         "    def mapping_registry(self):\n"
         "        return [AutoMapping('model.layers.*.self_attn.q_proj.weight')]\n\n"
         "    def maybe_modify_loaded_hf_weight(self, name, weights):\n"
-        "        return _dequant_fp8_blockwise(weights[name], weights[name + '_scale_inv'])\n")
-    base[B + "models/__init__.py"] = (textwrap.dedent(base[B + "models/__init__.py"])
-                                      + "from megatron.bridge.models.dsq.dsq_bridge import DsqBridge\n")
-    return base
+        "        return _dequant_fp8_blockwise(weights[name], weights[name + '_scale_inv'])\n"))
 
 
 def test_quantized_checkpoint_family_on_its_weight_import_is_quant(tmp_path):
