@@ -180,6 +180,7 @@ def main() -> int:
     print(f"prefilter: {scan_matcher().engine}; grep pattern: {GREP_PATTERN!r}; load average {_load()}")
     answers, ok, rows = {}, True, []
     for placement in args.placements.split(","):
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
         path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
         if placement in ("real", "real-pass"):
             trained = build_real(path, args.size_mib, passing_only=placement == "real-pass")
