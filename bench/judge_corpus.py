@@ -1,7 +1,10 @@
 """Score the verdict engine on a folder of real verl logs with an INDEX.tsv (the layout of ../shared/real-logs):
 results, categories and false Passes, with every miss listed.
 
-    python bench/judge_corpus.py DIR [DIR ...]
+    python bench/judge_corpus.py [--halves] DIR [DIR ...]
+
+--halves: also score the odd- and the even-numbered files (`NN_...`) apart: a held-out folder is split in two, the
+odd half may be looked at and fixed by cause, the even half is never tuned on (the closing note reports both).
 
 Used on the shared development set and on held-out folders that are not in this repository (the numbers of the
 closing note); tests/test_real_logs.py holds the same scoring as a test on the shared set.
@@ -21,9 +24,9 @@ def accepted(cell: str) -> set[str]:
     return {part.strip().lower() for part in cell.split("|") if part.strip()}
 
 
-def score(folder: Path) -> None:
+def score(folder: Path, label: str = "", keep=lambda row: True, show_misses: bool = True) -> None:
     with open(folder / "INDEX.tsv", encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
+        rows = [row for row in csv.DictReader(f, delimiter="\t") if keep(row)]
     results = categories = false_pass = 0
     misses, unknown = [], []
     for row in rows:
@@ -38,11 +41,20 @@ def score(folder: Path) -> None:
         if not (r_ok and c_ok):
             misses.append(f"  {row['file']}: {v.result}/{v.category} vs {row['expected_result']}/{row['category']}")
     n = len(rows)
-    print(f"{folder}: {n} logs; results {results}/{n} ({100 * results / n:.1f} %), categories {categories}/{n} "
+    print(f"{folder}{label}: {n} logs; results {results}/{n} ({100 * results / n:.1f} %), categories {categories}/{n} "
           f"({100 * categories / n:.1f} %), false Pass {false_pass}, judged unknown {len(unknown)}")
-    print("\n".join(misses))
+    if show_misses and misses:
+        print("\n".join(misses))
+
+
+def numbered_half(odd: bool):
+    return lambda row: row["file"][:2].isdigit() and int(row["file"][:2]) % 2 == int(odd)
 
 
 if __name__ == "__main__":
-    for arg in sys.argv[1:] or ["../shared/real-logs"]:
-        score(Path(arg))
+    halves = "--halves" in sys.argv[1:]
+    for arg in [a for a in sys.argv[1:] if a != "--halves"] or ["../shared/real-logs"]:
+        score(Path(arg), show_misses=not halves)
+        if halves:
+            score(Path(arg), " (odd: looked at)", numbered_half(True))
+            score(Path(arg), " (even: never tuned on)", numbered_half(False), show_misses=False)

@@ -171,6 +171,10 @@ def test_frame_tables():
     ("torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1])",
      ("Fail", "checkpoint")),
     ("AssertionError: data.train_batch_size (4) must be >= world_size (8)", ("Fail", "config")),
+    ("AssertionError: rollout world_size: 2 is not divisible by infer_tp: 4", ("Fail", "config")),
+    ("ImportError: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.32' not found (required by "
+     "/opt/conda/lib/python3.13/site-packages/flash_attn_2_cuda.cpython-313-x86_64-linux-gnu.so)",
+     ("Blocked", "env-dependency")),
     ("ray.exceptions.RaySystemError: System error: No module named 'verl'", ("Blocked", "env-ray-import")),
     ("/usr/bin/python3: Error while finding module specification for 'verl.trainer.main_ppo' "
      "(ModuleNotFoundError: No module named 'verl')", ("Blocked", "env-dependency")),

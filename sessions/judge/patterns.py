@@ -330,6 +330,11 @@ PATTERNS: tuple[Pattern, ...] = (
        category="env-ray-import", result="blocked", covered_by="rror"),
     _p("shared-object", "shared object", r"cannot open shared object file", "error",
        category="env-dependency", result="blocked", covered_by="rror"),
+    # the dynamic loader's other refusal: a compiled extension built against a newer glibc/libstdc++/CUDA library
+    _p("library-version", "not found (required by", r"version [`'][^`']+' not found \(required by \S+\.so", "error",
+       category="env-dependency", result="blocked", covered_by="rror",
+       hint="A compiled extension needs a newer system library than this image has (the loader's `version ... not "
+            "found`): install a build of it for this image, or use an image with that library."),
     _p("undefined-symbol", "", r"\.so[\w.]*: undefined symbol: \w+|no kernel image is available for execution",
        "error",
        category="env-dependency", result="blocked", covered_by="rror",
@@ -407,10 +412,12 @@ PATTERNS: tuple[Pattern, ...] = (
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
        category="env-ray-import", result="blocked",
        any_of=("GCS", "Ray instance", "Ray has not", "ray.init")),
+    # both numbers are settings (the trainer's GPUs per node x nodes, the rollout's TP): the configuration does not
+    # fit itself. Too few GPUs on the machine is env-no-gpu (too-few-gpus, the resource checks), not this.
     _p("world-size-divisible", "divisible", r"world_size:? \d+ is not divisible by \w*(?:infer|tp|tensor)\w*",
-       "error", category="env-no-gpu", result="blocked", covered_by="rror",
-       hint="The rollout world size (GPUs) is not a multiple of the inference TP: set NUM_GPUS and INFER_TP so "
-            "that INFER_TP divides the GPU count."),
+       "error", category="config", result="fail", covered_by="rror",
+       hint="The rollout world size (the configured GPUs) is not a multiple of the inference TP: set NUM_GPUS and "
+            "INFER_TP so that INFER_TP divides the GPU count."),
     _p("too-few-gpus", "", r"(?i)(?:not enough|insufficient) (?:gpus|devices)|available gpus?:? \d+ is less than|"
        r"requires? \d+ gpus?.*(?:only|but) \d+", "error", category="env-no-gpu", result="blocked",
        covered_by="rror", any_of=("GPU", "gpu", "devices", "DEVICES"),
