@@ -47,6 +47,14 @@ CASES = {
     "dataloader_worker_keyerror": ("Fail", "data", "frames"),
     "model_merger_safetensors": ("Fail", "checkpoint", "frames"),
     "vllm_logger_traceback_launch_server": ("Fail", "rollout", None),
+    # torch.distributed's frames under the rollout engine: a communication fault is nccl, the engine misusing a
+    # collective (a CPU tensor on an NCCL-only group) is the engine's
+    "rollout_build_collective_misuse": ("Fail", "rollout", None),
+    "rollout_build_collective_nccl_error": ("Fail", "nccl", None),
+    # the innermost frame's raise formats a value of the run's config (verl's code): config; a Bridge provider
+    # raising with its own TransformerConfig's value stays the provider
+    "sft_build_optimizer_rejects_config_value": ("Fail", "config", "frames"),
+    "provider_raise_reads_its_config": ("Fail", "provider", "frames"),
     "thread_traceback_before_driver_chain": ("Fail", "data", "frames"),  # the driver's chain, not a thread's
     # (c) the message, where structure says nothing
     "hydra_override_parse_exception": ("Fail", "config", "message"),

@@ -41,6 +41,7 @@ from sessions.judge.record import NOT_SHOWN, PHASE_INDEX, PHASES, Criterion, Ver
 from sessions.judge.structure import (
     AREA_PHASES,
     category_from_structure,
+    communication_fault,
     exception_type,
     failure_signature,
     method_area,
@@ -197,7 +198,7 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
     if wrapped and wrapped[-1] != "env-ray-import":
         found["decided_by"] = "exception type"
         return _result(ev, event, "Fail", wrapped[-1], phase, None)
-    structural = category_from_structure(area, frames, exc, building)
+    structural = category_from_structure(area, frames, exc, building, communication_fault(exc, event.text))
     if named and not structural:  # (c) the message names what the structure cannot tell
         found["decided_by"] = "message"
         category, hint = pattern.category, pattern.hint

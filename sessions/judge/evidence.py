@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.judge.frames import classify_frame
+from sessions.judge.frames import classify_frame, raises_a_config_value
 from sessions.judge.logstream import LogLine, normalise, step_line_match
 from sessions.judge.needles import DISPATCH, MAX_MEMO, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
@@ -236,6 +236,7 @@ class Evidence:
         self.events_dropped = 0
         self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
         self.wheres: dict[str | None, str] = {}  # source -> loop area of its latest verl frame with a known function
+        self.frame_paths: dict[str | None, str] = {}  # source -> file of its latest traceback frame (its raise line)
         self.thread_sources: set[str | None] = set()  # sources printing an "Exception in thread" traceback
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
         self.death_causes: list[str] = []
@@ -385,6 +386,7 @@ class Evidence:
                 if stripped.endswith((" in fit", " in _fit")):
                     self.fit_seen = True
                 area, where = classify_frame(frame.group(1), frame.group(2))
+                self.frame_paths[line.source] = frame.group(1)
                 if area:
                     self.areas[line.source] = self.areas[ANY_SOURCE] = area
                 if where:
@@ -393,6 +395,10 @@ class Evidence:
                     self.open_traceback = line
                 if "megatron/bridge" not in text:
                     return
+        if stripped.startswith("raise ") and raises_a_config_value(stripped, self.frame_paths.get(line.source)):
+            # verl's own code refusing a value it read from the run's config: the frame says "config"
+            self.areas[line.source] = self.areas[ANY_SOURCE] = "config"
+            return
         if stripped.startswith(THREAD_HEADER):
             self.thread_sources.add(line.source)
             return
@@ -430,7 +436,7 @@ class Evidence:
             elif kind == "traceback":
                 if line.source is None:
                     self._driver_failure()
-                for frames_of in (self.areas, self.wheres):  # a new traceback: the frames before it are not its
+                for frames_of in (self.areas, self.wheres, self.frame_paths):  # a new traceback: not its frames
                     frames_of.pop(line.source, None)
                     frames_of.pop(ANY_SOURCE, None)
         if line.source == "raylet" or "Worker exit type" in text or "memory" in text or "SIG" in text:
@@ -482,8 +488,8 @@ class Evidence:
         if self.events or self.events_dropped:
             self.events = []
             self.events_dropped = 0
-        if self.areas or self.wheres:
-            self.areas, self.wheres = {}, {}
+        if self.areas or self.wheres or self.frame_paths:
+            self.areas, self.wheres, self.frame_paths = {}, {}, {}
         if self.death_causes:
             self.death_causes = []
         self.driver_failure_seq = None

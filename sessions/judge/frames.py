@@ -126,3 +126,17 @@ def frame_area(path: str, function: str | None) -> str | None:
         if function_re.search(function):
             return area
     return None
+
+
+# a raise statement formatting an attribute of the run's config object (`{self.config.optim.lr_scheduler}`,
+# `config["rollout"]`); `model_config`/`hf_config` are the model's, not the run's settings
+_CONFIG_READ_RE = re.compile(r"(?<![\w.])(?:self\.)?(?:config|cfg)(?:\.\w|\[)")
+
+
+def raises_a_config_value(source_line: str, frame_path: str | None) -> bool:
+    """The innermost frame's own source line raises with a value read from the run's configuration, in verl's code
+    (a Bridge or Megatron provider reading `self.config` reads the model's TransformerConfig: not this)."""
+    if frame_path is None or not _CONFIG_READ_RE.search(source_line):
+        return False
+    module = module_path(frame_path)
+    return module is not None and module.startswith("verl/")

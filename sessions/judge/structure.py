@@ -67,9 +67,11 @@ BUILD_TYPES = {"FileNotFoundError": "data", "IsADirectoryError": "data"}
 
 
 def category_from_structure(area: str | None, frames: str | None, exc_type: str | None,
-                            building: bool) -> str | None:
+                            building: bool, communication: bool = True) -> str | None:
     """The category (a) the area of verl's loop and (b) the nearest classified frame give together; None: they
-    say nothing. `building`: the model is being built or converted (megatron/core frames then name the provider)."""
+    say nothing. `building`: the model is being built or converted (megatron/core frames then name the provider);
+    `communication`: the exception is a communication fault (a distributed error type, the backend or a timeout
+    named), see communication_fault."""
     if frames == "megatron-core":
         frames = "provider" if building or area in ("model-build", "weight-sync") else None
     if area in AREA_CATEGORIES:
@@ -84,7 +86,9 @@ def category_from_structure(area: str | None, frames: str | None, exc_type: str 
         if frames is None:  # else the exception: a file missing while building is the model path's
             return BUILD_TYPES.get(exc_type or "")
         return frames if frames != "weight-sync" else "provider"
-    if area == "rollout":
+    if area == "rollout":  # torch.distributed's frames prove a communication fault only when the error is one
+        if frames == "nccl" and not communication:  # the engine misusing a collective (a CPU tensor, no group)
+            return "rollout"
         return frames if frames in ("provider", "weight-sync", "nccl", "reward-model") else "rollout"
     return frames
 
@@ -119,3 +123,12 @@ def exception_type(text: str | None) -> str | None:
 def failure_signature(category: str, first_error: str | None) -> str:
     """category | exception type | masked first error line."""
     return f"{category}|{exception_type(first_error) or '-'}|{mask_line(first_error or '')}"
+
+
+# what a failure inside torch.distributed says when the communication itself failed
+DIST_ERROR_TYPES = {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "TimeoutError"}
+_COMMUNICATION_RE = re.compile(r"(?i)nccl|gloo|hccl|timed? ?out|connection|socket|rendezvous|TCPStore|watchdog")
+
+
+def communication_fault(exc_type: str | None, text: str) -> bool:
+    return exc_type in DIST_ERROR_TYPES or bool(_COMMUNICATION_RE.search(text))
