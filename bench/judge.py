@@ -9,7 +9,8 @@ the worker's OOM line without a traceback header, the driver's Hydra/RayTaskErro
 chatter goes on until the file has its size), then measures in the same run, each in a fresh process:
 - ours: `invoke judge --log F --json` (process start included): wall, CPU (user+sys), peak RSS;
 - grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
-Three more placements: `real` (the shared real logs, repeated to the size), `real-pass` (only the passing ones: a
+Three more placements: `real` (the shared real logs, repeated to the size, each copy's digits renumbered so that
+lines with numbers do not repeat byte for byte: see digit_permutation), `real-pass` (only the passing ones: a
 long healthy run's content) and `metrics` (a metrics line per step).
 It prints the figures, the ratios (target: <= 2x grep CPU and wall, <= 64 MiB RSS) and whether the verdict and the
 first error are the same in all three placements.
@@ -119,9 +120,26 @@ def build_real(path: Path, size_mib: int, passing_only: bool = False) -> int:
         raise SystemExit(f"error: no real logs in {REAL_LOGS} (set VERL_E2E_REAL_LOGS)")
     corpus = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in logs)
     with open(path, "wb") as out:
-        for _ in range(max(1, (size_mib << 20) // len(corpus))):
-            out.write(corpus)
+        for copy in range(max(1, (size_mib << 20) // len(corpus))):
+            out.write(corpus.translate(digit_permutation(copy)))
     return 0
+
+
+def digit_permutation(copy: int) -> bytes:
+    """A bytes.translate table that maps the digits 0-9 by the copy-th permutation (copy 0: unchanged).
+
+    A long run's log does not repeat a corpus byte for byte: its step numbers, pids, timings and metrics differ from
+    line to line while the lines without numbers (warnings, banners, frames) repeat. Renumbering each copy keeps the
+    lines' shape and that mix, so a reader remembering lines it has seen gains what it would gain on a real log."""
+    digits = list(b"0123456789")
+    permuted = []
+    for radix in range(10, 0, -1):  # the copy-th permutation in the factorial number system
+        copy, index = divmod(copy, radix) if radix > 1 else (copy, 0)
+        permuted.append(digits.pop(index))
+    table = bytearray(range(256))
+    for digit, mapped in zip(b"0123456789", permuted, strict=True):
+        table[digit] = mapped
+    return bytes(table)
 
 
 def build_metrics(path: Path, size_mib: int) -> int:
