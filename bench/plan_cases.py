@@ -1,7 +1,7 @@
 """Benchmark: `invoke plan` against labelled real Megatron-Bridge commits.
 
     /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone \
-        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--split dev|heldout|fresh|all] \
+        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--split dev|heldout|fresh|s5|all] \
         [--verl /path/to/verl] [--extra 10] [--verbose]
 
 Two case files: the shared one (TSV: commit, kind, expected_levels, ...) and this project's own
@@ -13,7 +13,7 @@ surface read from --verl, and prints the required levels, the optional ones, and
 required level missing) or over (a level neither required nor arguable). Optional (offered) levels never count as
 selected. At the end: exact / under / over for shared, own-dev, own-heldout and own-fresh (bench/plan-cases-fresh.tsv: a
 second blind labelling of 72 further commits, by a helper who saw neither the planner nor the first labels; never
-tuned on). `--extra N` also plans the N most
+tuned on) and own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on). `--extra N` also plans the N most
 recent first-parent commits no case file lists, for eyeballing. The clone must be clean; its starting HEAD (branch
 or commit) is checked out again at the end, also after an error or Ctrl-C.
 """
@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="this project's cases TSV with a split column ('-' for none)")
     ap.add_argument("--fresh", type=Path, default=ROOT / "bench" / "plan-cases-fresh.tsv",
                     help="a second own labelling, split 'fresh' (never tuned on; '-' for none)")
-    ap.add_argument("--split", choices=("dev", "heldout", "fresh", "all"), default="all",
+    ap.add_argument("--s5", type=Path, default=ROOT / "bench" / "plan-cases-s5.tsv",
+                    help="a third own labelling, split 's5' (session 5, never tuned on; '-' for none)")
+    ap.add_argument("--split", choices=("dev", "heldout", "fresh", "s5", "all"), default="all",
                     help="which part of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"), help="verl checkout")
     ap.add_argument("--extra", type=int, default=0, help="also plan N recent commits not in the cases file")
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows = []
     every_case: set[str] = set()  # every labelled commit, whatever its split: --extra never plans a held-out one
-    for path, own in ((args.cases, False), (args.own, True), (args.fresh, True)):
+    for path, own in ((args.cases, False), (args.own, True), (args.fresh, True), (args.s5, True)):
         if str(path) == "-":
             continue
         if not path.is_file():
@@ -156,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(commit)
                 print("\n".join(describe(plan, args.verbose)))
         print()
-        for group in ("shared", "own-dev", "own-heldout", "own-fresh"):
+        for group in ("shared", "own-dev", "own-heldout", "own-fresh", "own-s5"):
             if group in score:
                 n, exact, under, over = score[group]
                 print(f"score {group}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "
