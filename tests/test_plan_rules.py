@@ -800,3 +800,46 @@ def test_a_statement_moved_out_of_its_block_still_changes_behaviour(tmp_path):
         "        if self.flag:\n            out = out.clone()\n",
         "        out = out.clone()\n        if self.flag:\n")}
     assert "L4:custom-layer" in levels(plan_for(tmp_path, change, base=base))
+
+
+def test_bridge_registered_by_a_module_level_call_is_a_family_verl_builds(tmp_path):
+    # `X = MegatronModelBridge.register_bridge(...)(X)` under an `if` that checks the HF class exists registers the
+    # bridge as the decorator does: its methods are verl's (AutoBridge hands it out), its folder a family
+    base = _with_family("tower", "tower_bridge", "TowerBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n\n"
+        "HAS_TOWER = True\n\n\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return hf_config\n\n"
+        "    def mapping_registry(self):\n        return ['model.layers.*.mlp.experts.*.up_proj.weight']\n\n\n"
+        "if HAS_TOWER:\n"
+        "    TowerBridge = MegatronModelBridge.register_bridge(source='TowerForCausalLM')(TowerBridge)\n"))
+    change = {B + "models/tower/tower_bridge.py": base[B + "models/tower/tower_bridge.py"].replace(
+        "return hf_config", "hf_config.rope_theta = 1.0\n        return hf_config")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]
+    assert reason_units(plan, "verl-runs-it")[0]["unit"] == "TowerBridge.provider_bridge"
+    assert reason_units(plan, "moe")[0]["families"] == ["TowerBridge"]
+
+
+def test_removed_method_override_changes_its_class(tmp_path):
+    # a provider drops its `finalize` override (a TP guard): the base class's finalize runs in its place, so the
+    # provider verl builds changed where it reads the parallel sizes: Level 2, not nothing
+    source = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class TowerProvider(GPTModelProvider):\n"
+        "    num_query_groups = 2\n\n"
+        "    def finalize(self):\n"
+        "        if self.num_query_groups < self.tensor_model_parallel_size:\n"
+        "            raise ValueError('TP too large')\n"
+        "        super().finalize()\n\n"
+        "    def provide(self):\n        return self.build()\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='TowerForCausalLM')\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return TowerProvider()\n")
+    base = _with_family("tower", "tower_bridge", "TowerBridge", source)
+    start = source.index("    def finalize(self):")
+    change = {B + "models/tower/tower_bridge.py": source[:start] + source[source.index("    def provide(self):"):]}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L2d"]
+    assert [u["unit"] for u in reason_units(plan, "tp-pp-cp")] == ["TowerProvider"]

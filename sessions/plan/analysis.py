@@ -312,6 +312,11 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                     continue
                 ev = plan_reach.evidence(u, {line}, code, moved_old, old_spaces)
                 now = index.unit(u.key if ":" in u.key else u.key)
+                if now is None and u.kind == "method" and u.cls:
+                    # a method removed from a class that stays (an override dropped: the base class's runs in its
+                    # place): the class's behaviour changed, wherever the class is built
+                    now = index.unit(u.cls)
+                    now = now if now is not None and now.kind == "class" else None
                 if now is None:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), [], moved_new,
