@@ -843,3 +843,36 @@ def test_removed_method_override_changes_its_class(tmp_path):
     plan = plan_for(tmp_path, change, base=base)
     assert levels(plan) == ["L0", "L2d"]
     assert [u["unit"] for u in reason_units(plan, "tp-pp-cp")] == ["TowerProvider"]
+
+
+def test_a_function_verl_calls_is_no_helper_of_its_bridge_callers_feature(tmp_path):
+    # export_hf_weights's only Bridge caller is a ModelOpt export, but verl calls it itself: a change to it serves
+    # every export verl does, not ModelOpt's
+    base = edit(AUTO, "def save_megatron_model(self, model, path):",
+                "def export_hf_weights_modelopt(self, model):\n    return self.export_hf_weights(model)\n\n"
+                "def save_megatron_model(self, model, path):")
+    change = edit(AUTO, "return list(self._model_bridge.stream_weights_megatron_to_hf(model))",
+                  "return [w for w in self._model_bridge.stream_weights_megatron_to_hf(model)]",
+                  base={**BRIDGE_BASE, **base})
+    plan = plan_for(tmp_path, change, base={**BRIDGE_BASE, **base})
+    assert "L4:qat" not in levels(plan)
+    unit = next(u for u in plan.units if u.name == "AutoBridge.export_hf_weights")
+    assert "qat" not in unit.touched
+
+
+def test_a_parameter_handed_on_involves_no_feature_of_the_family(tmp_path):
+    # a MoE family's mapping method gains a parameter and hands it to the shared code: plumbing; the shared code
+    # that uses it decides the features (here none), not the family's experts
+    base = edit(OLMOE, "def mapping_registry(self):\n    return [AutoMapping(), ExpertMapping()]",
+                "def mapping_registry(self):\n    return [AutoMapping(), ExpertMapping()]\n\n"
+                "def stream_weights_megatron_to_hf(self, model):\n"
+                "    return super().stream_weights_megatron_to_hf(model)")
+    change = edit(OLMOE, "def stream_weights_megatron_to_hf(self, model):\n"
+                  "    return super().stream_weights_megatron_to_hf(model)",
+                  "def stream_weights_megatron_to_hf(self, model, weight_dtype=None):\n"
+                  "    return super().stream_weights_megatron_to_hf(model, weight_dtype=weight_dtype)",
+                  base={**BRIDGE_BASE, **base})
+    plan = plan_for(tmp_path, change, base={**BRIDGE_BASE, **base})
+    assert not [k for k in levels(plan) if k.startswith("L4")], levels(plan)
+    unit = next(u for u in plan.units if u.name == "OlmoeBridge.stream_weights_megatron_to_hf")
+    assert unit.tier == "calls" and unit.passes_through

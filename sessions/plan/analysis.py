@@ -62,6 +62,7 @@ class ChangedUnit:
     reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
     sets: list[str] = field(default_factory=list)  # what its changed statements set (targets, keyword arguments)
     only_moved: bool = False  # every changed line is an import moved here (deferred into a function): placement only
+    passes_through: bool = False  # it only gains parameters and hands them on: plumbing for the code that uses them
     config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
 
     @property
@@ -221,6 +222,21 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
+def _passes_through(unit: Unit, lines: set[int], ev: Evidence) -> bool:
+    """Does the change only add parameters to the function's signature and hand them on (`weight_dtype=None` in
+    the signature, `super().f(..., weight_dtype=weight_dtype)` in the body)? Every name the edit adds or removes is
+    one of its parameters, and its signature changed: what the parameter does is decided where it is used."""
+    node = unit.node
+    if unit.kind not in ("function", "method") or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    a = node.args
+    params = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                              *([a.kwarg] if a.kwarg else [])]}
+    body = node.body[0].lineno if node.body else node.lineno
+    signature = set(range(node.lineno, body))
+    return bool(ev.code) and not ev.strings and set(ev.code) <= params and bool(lines & signature)
+
+
 def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
     """The features every Bridge caller of a helper is about (`_unpack_e2m1` called only by `_dequantize_mxfp4`):
     the helper serves those features whatever its own names say."""
@@ -238,7 +254,8 @@ def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
 
 
 def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
-              cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
+              cache: dict, added_by_file: dict[str, set[int]], verl_calls: bool = False
+              ) -> tuple[dict[str, list[str]], list[dict]]:
     """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
     set, a layer module or spec defined), and the families whose own code the unit is, with each family's features
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
@@ -254,7 +271,8 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
         for w in structural.by_feature.get("custom-layer", []):
             touched.add("custom-layer", w)
-    if tier == "calls" and unit.kind in ("function", "method"):
+    if tier == "calls" and unit.kind in ("function", "method") and not verl_calls:
+        # (a function verl calls itself is no helper of its Bridge callers' features: verl is a caller too)
         for f, callers in _callers_feature(index, unit).items():
             touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
@@ -327,6 +345,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
     added_by_file = {f.path: set(f.added) for f in change.files}
     entries = plan_reach.verl_entries(index, surface, global_reach)
+    entry_keys = {e.key for e in entries}  # what verl itself calls (an imported function, a method it names)
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
     for key, (unit, lines, code, old_evs, moved, spaces) in per_unit.items():
         ev = plan_reach.evidence(unit, lines, code, moved, spaces)
@@ -377,11 +396,13 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         text = index._text(unit.file) or ""
         cu.only_moved = bool(lines) and all(ln in moved and _is_import_text(text, ln) for ln in lines) \
             and key not in removed_for
+        cu.passes_through = _passes_through(unit, lines, ev)
         if unit.kind in ("class", "method"):
             cls = index.units.get(unit.cls if unit.kind == "method" else key)
             cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)
         if tier != "none":
-            cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
+            cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file,
+                                              verl_calls=key in entry_keys)
             cu.config_code = cu.config_code or any(f["config"] and f["own"] for f in cu.served)
             if cu.edited_expert and tier in ("calls", "api"):  # lines under `if is_expert:`: the MoE path only
                 cu.touched.setdefault("moe", []).append(

@@ -286,6 +286,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
         return {}
     if u.only_moved:
         return {}  # an import moved (deferred into the function): placement, no feature's behaviour
+    if u.passes_through:
+        return {}  # a parameter added and handed on: the code that uses it involves the features, not this one
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
