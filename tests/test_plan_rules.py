@@ -876,3 +876,19 @@ def test_a_parameter_handed_on_involves_no_feature_of_the_family(tmp_path):
     assert not [k for k in levels(plan) if k.startswith("L4")], levels(plan)
     unit = next(u for u in plan.units if u.name == "OlmoeBridge.stream_weights_megatron_to_hf")
     assert unit.tier == "calls" and unit.passes_through
+
+
+def test_weight_import_path_changes_no_loss(tmp_path):
+    # the HF weight import hides the loss modules while it loads: only verl's weight load runs the line, and moving
+    # weights computes no loss or gradient, so Level 5 is not for it (the words of a name say nothing)
+    bridge = B + "models/conversion/model_bridge.py"
+    change = edit(bridge, "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
+                  "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    if hasattr(model[0], 'hide_loss_modules'):\n"
+                  "        model[0].hide_loss_modules()\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)")
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+    unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
+    assert unit.tier == "calls" and unit.entries == ["AutoBridge.load_hf_weights"]

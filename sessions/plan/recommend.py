@@ -279,15 +279,14 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it.
     The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
     when the change is vision-only), its quantized HF weights when the change is on a way verl moves weights, custom
-    layer when the change sets a field its own layer modules read. Lines only moved involve nothing."""
+    layer when the change sets a field its own layer modules read; none of these when the change only gains a
+    parameter and hands it on (plumbing: where the parameter is used decides). Lines only moved involve nothing."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
         return {}
     if u.only_moved:
         return {}  # an import moved (deferred into the function): placement, no feature's behaviour
-    if u.passes_through:
-        return {}  # a parameter added and handed on: the code that uses it involves the features, not this one
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
@@ -298,7 +297,9 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             take.update({f: (f"{fam['family']} is new and has {f}", facts) for f, facts in feats.items()})
         if "vlm" in feats and own:
             take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
-        if own and fam.get("config") and u.tier == "calls" and u.entries:
+        if own and fam.get("config") and u.tier == "calls" and u.entries and not u.passes_through:
+            # (a parameter the bridge only gains and hands on sets no field of what the family builds: the code that
+            # uses the parameter decides what it involves)
             # its bridge or provider config (what verl's provider and weight calls build every model of the family
             # from) changed: a MoE family builds experts in its MoE layers, a VLM family its vision side, whatever
             # the changed field is — unless the change is on the vision side only (a vision encoder has no experts)
@@ -315,7 +316,7 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             take["custom-layer"] = (f"{fam['family']}'s own layer code changed" if own else
                                     f"{fam['family']}'s layer specs build the changed layer module",
                                     feats.get("custom-layer") or ["its own layer code"])
-        elif own and fam.get("layer_reads"):
+        elif own and fam.get("layer_reads") and not u.passes_through:
             take.setdefault("custom-layer", (
                 f"the change sets {', '.join(fam['layer_reads'][:3])}, read by {fam['family']}'s own layer modules",
                 feats.get("custom-layer") or []))
@@ -377,6 +378,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
         parallel = _parallel(u)
         new_family_only = bool(u.served) and all(f["new"] for f in u.served)
+        weights_only = u.tier == "calls" and bool(u.entries) and all(_weight_import(e) or _exports(e)
+                                                                     for e in u.entries)
         for rule in plan_rules.RULES:
             if rule.level == 4:
                 continue  # Level 4 comes from the families' features (involved_features)
@@ -385,6 +388,10 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             if rule.name == "dispatcher" and new_family_only:
                 continue  # a new provider's dispatcher setting: its EP run is a follow-up (the moe-ep-follow-up)
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
+            if rule.level == 5 and weights_only:
+                # only verl's weight import/export runs it: moving weights computes no loss or gradient; what it
+                # sets on the parameters it loads (`p.requires_grad = False`) still decides their gradients
+                hits = [h for h in hits if h in u.sets]
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
             if rule.name == "hf-export" and u.tier == "calls" and u.exports_only and u.family and not u.only_moved:
