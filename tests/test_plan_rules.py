@@ -892,3 +892,42 @@ def test_weight_import_path_changes_no_loss(tmp_path):
     assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
     unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
     assert unit.tier == "calls" and unit.entries == ["AutoBridge.load_hf_weights"]
+
+
+def test_a_layer_a_text_family_also_builds_is_no_vision_code(tmp_path):
+    # the folder's text family and its VL sibling both build the decoder layer: a text-only run of the text family
+    # exercises the change; the VL family's vision side has nothing to do with it
+    source = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class StepDecoderLayer(TransformerLayer):\n"
+        "    def __init__(self, config):\n        self.scale = 1\n\n\n"
+        "def step_layer_spec(config):\n    return StepDecoderLayer\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='StepForCausalLM')\n"
+        "class StepBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = step_layer_spec\n"
+        "        return provider\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='StepVLForConditionalGeneration')\n"
+        "class StepVLBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = step_layer_spec\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n        return ['vision_model.ln_pre.weight']\n")
+    base = _with_family("step", "step_bridge", "StepBridge", source)
+    base[B + "models/__init__.py"] += "from megatron.bridge.models.step.step_bridge import StepVLBridge\n"
+    change = {B + "models/step/step_bridge.py": source.replace("self.scale = 1", "self.scale = 2")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+
+
+def test_megatron_to_hf_is_the_export_direction_not_its_config_translation():
+    # a function about streaming weights Megatron → HF is HF export whatever verl entry reaches it (the ModelOpt
+    # quantized export stream); the reverse translation of the config is not weight export
+    from sessions.plan.analysis import topic_hits
+    from sessions.plan.rules import BY_NAME
+
+    names = ["stream_weights_megatron_to_hf_quant", "megatron_to_hf_config", "hf_to_megatron"]
+    assert topic_hits(BY_NAME["hf-export"], names) == ["stream_weights_megatron_to_hf_quant"]

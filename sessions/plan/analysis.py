@@ -17,6 +17,7 @@ from sessions.plan import reach as plan_reach
 from sessions.plan import rules as plan_rules
 from sessions.plan import stand_in as plan_stand_in
 from sessions.plan.change import Change, _is_bridge_python
+from sessions.plan.evidence import topic_in
 from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.plan.rules import Rule
 from sessions.plan.verl_surface import SurfaceError, VerlSurface, read_surface
@@ -93,19 +94,18 @@ class Analysis:
 
 def topic_hits(rule: Rule, idents: list[str], topics: tuple[str, ...] | None = None) -> list[str]:
     """The identifiers a rule's topics match (every word of a topic among one identifier's words)."""
-    topics = [set(t.split()) for t in (topics or rule.topics)]
-    unless = [set(t.split()) for t in rule.unless]
     out = []
     for i in idents:
-        words = set(plan_reach.words_of(i))
-        if any(t <= words for t in topics) and not any(t <= words for t in unless):
+        words = plan_reach.words_of(i)
+        if any(topic_in(t, words) for t in (topics or rule.topics)) and not any(topic_in(t, words)
+                                                                                 for t in rule.unless):
             out.append(i)
     return out
 
 
 def _direction(label: str) -> str | None:
-    words = set(plan_reach.words_of(label.split(".")[-1]))
-    hit = lambda table: any(set(t.split()) <= words for t in table)  # noqa: E731
+    words = plan_reach.words_of(label.split(".")[-1])
+    hit = lambda table: any(topic_in(t, words) for t in table)  # noqa: E731
     if hit(plan_rules.EXPORT_WORDS):
         return "export"
     if hit(plan_rules.IMPORT_WORDS):

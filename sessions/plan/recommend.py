@@ -15,6 +15,7 @@ from sessions.plan import line_settings
 from sessions.plan import rules as plan_rules
 from sessions.plan.analysis import Analysis, ChangedUnit, _matches, is_doc, topic_hits
 from sessions.plan.change import Change, ChangedFile, _is_bridge_python
+from sessions.plan.evidence import topic_in
 from sessions.plan.rules import Family, Rule
 
 
@@ -274,7 +275,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
 
     Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
     A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
-    VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
+    VLM when the family is a vision-language one and no text-only family of its folder runs the code too (text-only
+    GSM8K never runs its vision side); custom layer when the
     changed code is the family's own layer module or layer spec. A family of another folder that reuses the code
     (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it.
     The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
@@ -288,6 +290,10 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     if u.only_moved:
         return {}  # an import moved (deferred into the function): placement, no feature's behaviour
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
+    # a text-only family of its own folder runs the changed code too (Step 3.5's decoder layer, which Step 3.7's VL
+    # model also builds): a text-only run exercises it, being a VL family's code does not make it vision code
+    text_family = u.tier in ("calls", "api") and any(
+        f.get("own", True) and "vlm" not in f["features"] for f in u.served)
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
         own = fam.get("own", True)  # a family reusing another family's code: only that code's layer counts
@@ -295,7 +301,7 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
         take: dict[str, tuple[str, list[str]]] = {}
         if fam["new"] and own:
             take.update({f: (f"{fam['family']} is new and has {f}", facts) for f, facts in feats.items()})
-        if "vlm" in feats and own:
+        if "vlm" in feats and own and not text_family:
             take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
         if own and fam.get("config") and u.tier == "calls" and u.entries and not u.passes_through:
             # (a parameter the bridge only gains and hands on sets no field of what the family builds: the code that
@@ -333,8 +339,8 @@ WEIGHT_IMPORT = ("load hf weights", "load weights", "hf to megatron", "import ck
 
 
 def _exports(label: str) -> bool:
-    words = set(plan_features.words_of(label.split(".")[-1]))
-    return any(set(t.split()) <= words for t in plan_rules.EXPORT_WORDS)
+    words = plan_features.words_of(label.split(".")[-1])
+    return any(topic_in(t, words) for t in plan_rules.EXPORT_WORDS)
 
 
 def _moves_weights(label: str) -> bool:
@@ -344,8 +350,8 @@ def _moves_weights(label: str) -> bool:
 
 def _weight_import(label: str) -> bool:
     """A verl entry point that loads HF weights into the Megatron model (`AutoBridge.load_hf_weights`)."""
-    words = set(plan_features.words_of(label.split(".")[-1]))
-    return any(set(t.split()) <= words for t in WEIGHT_IMPORT)
+    words = plan_features.words_of(label.split(".")[-1])
+    return any(topic_in(t, words) for t in WEIGHT_IMPORT)
 
 
 def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
