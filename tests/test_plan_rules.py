@@ -931,3 +931,23 @@ def test_megatron_to_hf_is_the_export_direction_not_its_config_translation():
 
     names = ["stream_weights_megatron_to_hf_quant", "megatron_to_hf_config", "hf_to_megatron"]
     assert topic_hits(BY_NAME["hf-export"], names) == ["stream_weights_megatron_to_hf_quant"]
+
+
+def test_weight_import_also_run_by_the_provider_build_changes_no_loss(tmp_path):
+    # verl's provider build loads the HF weights too (a pre-wrap hook): the changed function is still a weight
+    # import by what it is, and moving weights computes no loss
+    base = edit(AUTO, "return self._model_bridge.provider_bridge(hf_config)",
+                "provider = self._model_bridge.provider_bridge(hf_config)\n"
+                "self._model_bridge.load_weights_hf_to_megatron(None, None)\nreturn provider")
+    full = {**BRIDGE_BASE, **base}
+    bridge = B + "models/conversion/model_bridge.py"
+    change = edit(bridge, "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
+                  "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    if hasattr(model[0], 'hide_loss_modules'):\n"
+                  "        model[0].hide_loss_modules()\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)", base=full)
+    plan = plan_for(tmp_path, change, base=full)
+    unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
+    assert "AutoBridge.to_megatron_provider" in unit.entries
+    assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]

@@ -384,8 +384,10 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
         parallel = _parallel(u)
         new_family_only = bool(u.served) and all(f["new"] for f in u.served)
-        weights_only = u.tier == "calls" and bool(u.entries) and all(_weight_import(e) or _exports(e)
-                                                                     for e in u.entries)
+        # code that moves weights: the changed function is itself a weight import/export (`load_weights_hf_to_megatron`,
+        # `stream_weights_megatron_to_hf`), whichever verl call runs it (verl's entry points are not all known: a PEFT
+        # object verl calls runs its freeze code whatever export also reaches it)
+        weights_only = u.tier == "calls" and (_weight_import(u.name) or _exports(u.name))
         for rule in plan_rules.RULES:
             if rule.level == 4:
                 continue  # Level 4 comes from the families' features (involved_features)
