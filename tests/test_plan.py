@@ -259,7 +259,7 @@ def test_a_git_checkout_that_is_no_bridge_is_one_line_and_left_alone(workspace, 
     proc = workspace.invoke("plan", "--bridge-repo", str(other), "--base", "HEAD")
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"error: BRIDGE_REPO {other} is not a Megatron-Bridge checkout (no "
-                                   "src/megatron/bridge package)")
+                                   "src/megatron package)")
     assert r.head.commit.hexsha == head and (other / "a.py").read_text() == "x = 2\n"
     # a dirty Bridge tree is part of the change, never reset or overwritten
     _write(workspace.bridge, SRC + "peft/lora.py", "class LoRA:\n    rank = 2\n")
