@@ -243,3 +243,28 @@ def test_verl_checkout_that_uses_no_bridge_is_one_line(workspace):
     assert unset.returncode == 2 and "Traceback" not in unset.stderr
     assert unset.stderr.strip() == ("error: VERL_REPO is not set (--verl-repo or VERL_REPO): the plan reads which "
                                     "Bridge names verl uses from the verl checkout")
+
+
+def test_a_git_checkout_that_is_no_bridge_is_one_line_and_left_alone(workspace, tmp_path):
+    other = tmp_path / "other"
+    r = git.Repo.init(other, initial_branch="main")
+    with r.config_writer() as cw:
+        cw.set_value("user", "name", "t")
+        cw.set_value("user", "email", "t@example.com")
+    _write(other, "a.py", "x = 1\n")
+    r.git.add("-A")
+    r.index.commit("not a Bridge")
+    _write(other, "a.py", "x = 2\n")  # a dirty tree: the plan reads it and changes nothing
+    head = r.head.commit.hexsha
+    proc = workspace.invoke("plan", "--bridge-repo", str(other), "--base", "HEAD")
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"error: BRIDGE_REPO {other} is not a Megatron-Bridge checkout (no "
+                                   "src/megatron package)")
+    assert r.head.commit.hexsha == head and (other / "a.py").read_text() == "x = 2\n"
+    # a dirty Bridge tree is part of the change, never reset or overwritten
+    _write(workspace.bridge, SRC + "peft/lora.py", "class LoRA:\n    rank = 2\n")
+    before = git.Repo(workspace.bridge).head.commit.hexsha
+    ok = workspace.invoke("plan", "--json", check=True)
+    assert json.loads(ok.stdout)["counts"]["uncommitted"] + json.loads(ok.stdout)["counts"]["untracked"] == 1
+    assert (workspace.bridge / SRC / "peft/lora.py").read_text() == "class LoRA:\n    rank = 2\n"
+    assert git.Repo(workspace.bridge).head.commit.hexsha == before

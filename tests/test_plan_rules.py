@@ -800,3 +800,154 @@ def test_a_statement_moved_out_of_its_block_still_changes_behaviour(tmp_path):
         "        if self.flag:\n            out = out.clone()\n",
         "        out = out.clone()\n        if self.flag:\n")}
     assert "L4:custom-layer" in levels(plan_for(tmp_path, change, base=base))
+
+
+def test_bridge_registered_by_a_module_level_call_is_a_family_verl_builds(tmp_path):
+    # `X = MegatronModelBridge.register_bridge(...)(X)` under an `if` that checks the HF class exists registers the
+    # bridge as the decorator does: its methods are verl's (AutoBridge hands it out), its folder a family
+    base = _with_family("tower", "tower_bridge", "TowerBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n\n"
+        "HAS_TOWER = True\n\n\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return hf_config\n\n"
+        "    def mapping_registry(self):\n        return ['model.layers.*.mlp.experts.*.up_proj.weight']\n\n\n"
+        "if HAS_TOWER:\n"
+        "    TowerBridge = MegatronModelBridge.register_bridge(source='TowerForCausalLM')(TowerBridge)\n"))
+    change = {B + "models/tower/tower_bridge.py": base[B + "models/tower/tower_bridge.py"].replace(
+        "return hf_config", "hf_config.rope_theta = 1.0\n        return hf_config")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]
+    assert reason_units(plan, "verl-runs-it")[0]["unit"] == "TowerBridge.provider_bridge"
+    assert reason_units(plan, "moe")[0]["families"] == ["TowerBridge"]
+
+
+def test_removed_method_override_changes_its_class(tmp_path):
+    # a provider drops its `finalize` override (a TP guard): the base class's finalize runs in its place, so the
+    # provider verl builds changed where it reads the parallel sizes: Level 2, not nothing
+    source = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class TowerProvider(GPTModelProvider):\n"
+        "    num_query_groups = 2\n\n"
+        "    def finalize(self):\n"
+        "        if self.num_query_groups < self.tensor_model_parallel_size:\n"
+        "            raise ValueError('TP too large')\n"
+        "        super().finalize()\n\n"
+        "    def provide(self):\n        return self.build()\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='TowerForCausalLM')\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return TowerProvider()\n")
+    base = _with_family("tower", "tower_bridge", "TowerBridge", source)
+    start = source.index("    def finalize(self):")
+    change = {B + "models/tower/tower_bridge.py": source[:start] + source[source.index("    def provide(self):"):]}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L2d"]
+    assert [u["unit"] for u in reason_units(plan, "tp-pp-cp")] == ["TowerProvider"]
+
+
+def test_a_function_verl_calls_is_no_helper_of_its_bridge_callers_feature(tmp_path):
+    # export_hf_weights's only Bridge caller is a ModelOpt export, but verl calls it itself: a change to it serves
+    # every export verl does, not ModelOpt's
+    base = edit(AUTO, "def save_megatron_model(self, model, path):",
+                "def export_hf_weights_modelopt(self, model):\n    return self.export_hf_weights(model)\n\n"
+                "def save_megatron_model(self, model, path):")
+    change = edit(AUTO, "return list(self._model_bridge.stream_weights_megatron_to_hf(model))",
+                  "return [w for w in self._model_bridge.stream_weights_megatron_to_hf(model)]",
+                  base={**BRIDGE_BASE, **base})
+    plan = plan_for(tmp_path, change, base={**BRIDGE_BASE, **base})
+    assert "L4:qat" not in levels(plan)
+    unit = next(u for u in plan.units if u.name == "AutoBridge.export_hf_weights")
+    assert "qat" not in unit.touched
+
+
+def test_a_parameter_handed_on_involves_no_feature_of_the_family(tmp_path):
+    # a MoE family's mapping method gains a parameter and hands it to the shared code: plumbing; the shared code
+    # that uses it decides the features (here none), not the family's experts
+    base = edit(OLMOE, "def mapping_registry(self):\n    return [AutoMapping(), ExpertMapping()]",
+                "def mapping_registry(self):\n    return [AutoMapping(), ExpertMapping()]\n\n"
+                "def stream_weights_megatron_to_hf(self, model):\n"
+                "    return super().stream_weights_megatron_to_hf(model)")
+    change = edit(OLMOE, "def stream_weights_megatron_to_hf(self, model):\n"
+                  "    return super().stream_weights_megatron_to_hf(model)",
+                  "def stream_weights_megatron_to_hf(self, model, weight_dtype=None):\n"
+                  "    return super().stream_weights_megatron_to_hf(model, weight_dtype=weight_dtype)",
+                  base={**BRIDGE_BASE, **base})
+    plan = plan_for(tmp_path, change, base={**BRIDGE_BASE, **base})
+    assert not [k for k in levels(plan) if k.startswith("L4")], levels(plan)
+    unit = next(u for u in plan.units if u.name == "OlmoeBridge.stream_weights_megatron_to_hf")
+    assert unit.tier == "calls" and unit.passes_through
+
+
+def test_weight_import_path_changes_no_loss(tmp_path):
+    # the HF weight import hides the loss modules while it loads: only verl's weight load runs the line, and moving
+    # weights computes no loss or gradient, so Level 5 is not for it (the words of a name say nothing)
+    bridge = B + "models/conversion/model_bridge.py"
+    change = edit(bridge, "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
+                  "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    if hasattr(model[0], 'hide_loss_modules'):\n"
+                  "        model[0].hide_loss_modules()\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)")
+    plan = plan_for(tmp_path, change)
+    assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+    unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
+    assert unit.tier == "calls" and unit.entries == ["AutoBridge.load_hf_weights"]
+
+
+def test_a_layer_a_text_family_also_builds_is_no_vision_code(tmp_path):
+    # the folder's text family and its VL sibling both build the decoder layer: a text-only run of the text family
+    # exercises the change; the VL family's vision side has nothing to do with it
+    source = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class StepDecoderLayer(TransformerLayer):\n"
+        "    def __init__(self, config):\n        self.scale = 1\n\n\n"
+        "def step_layer_spec(config):\n    return StepDecoderLayer\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='StepForCausalLM')\n"
+        "class StepBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = step_layer_spec\n"
+        "        return provider\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='StepVLForConditionalGeneration')\n"
+        "class StepVLBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = step_layer_spec\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n        return ['vision_model.ln_pre.weight']\n")
+    base = _with_family("step", "step_bridge", "StepBridge", source)
+    base[B + "models/__init__.py"] += "from megatron.bridge.models.step.step_bridge import StepVLBridge\n"
+    change = {B + "models/step/step_bridge.py": source.replace("self.scale = 1", "self.scale = 2")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+
+
+def test_megatron_to_hf_is_the_export_direction_not_its_config_translation():
+    # a function about streaming weights Megatron → HF is HF export whatever verl entry reaches it (the ModelOpt
+    # quantized export stream); the reverse translation of the config is not weight export
+    from sessions.plan.analysis import topic_hits
+    from sessions.plan.rules import BY_NAME
+
+    names = ["stream_weights_megatron_to_hf_quant", "megatron_to_hf_config", "hf_to_megatron"]
+    assert topic_hits(BY_NAME["hf-export"], names) == ["stream_weights_megatron_to_hf_quant"]
+
+
+def test_weight_import_also_run_by_the_provider_build_changes_no_loss(tmp_path):
+    # verl's provider build loads the HF weights too (a pre-wrap hook): the changed function is still a weight
+    # import by what it is, and moving weights computes no loss
+    base = edit(AUTO, "return self._model_bridge.provider_bridge(hf_config)",
+                "provider = self._model_bridge.provider_bridge(hf_config)\n"
+                "self._model_bridge.load_weights_hf_to_megatron(None, None)\nreturn provider")
+    full = {**BRIDGE_BASE, **base}
+    bridge = B + "models/conversion/model_bridge.py"
+    change = edit(bridge, "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
+                  "def load_weights_hf_to_megatron(self, model, weights):\n"
+                  "    if hasattr(model[0], 'hide_loss_modules'):\n"
+                  "        model[0].hide_loss_modules()\n"
+                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)", base=full)
+    plan = plan_for(tmp_path, change, base=full)
+    unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
+    assert "AutoBridge.to_megatron_provider" in unit.entries
+    assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]

@@ -17,6 +17,7 @@ from sessions.plan import reach as plan_reach
 from sessions.plan import rules as plan_rules
 from sessions.plan import stand_in as plan_stand_in
 from sessions.plan.change import Change, _is_bridge_python
+from sessions.plan.evidence import topic_in
 from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.plan.rules import Rule
 from sessions.plan.verl_surface import SurfaceError, VerlSurface, read_surface
@@ -62,6 +63,7 @@ class ChangedUnit:
     reporting: bool = False  # every changed statement only reports (logging, metrics): no behaviour changed
     sets: list[str] = field(default_factory=list)  # what its changed statements set (targets, keyword arguments)
     only_moved: bool = False  # every changed line is an import moved here (deferred into a function): placement only
+    passes_through: bool = False  # it only gains parameters and hands them on: plumbing for the code that uses them
     config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
 
     @property
@@ -92,19 +94,18 @@ class Analysis:
 
 def topic_hits(rule: Rule, idents: list[str], topics: tuple[str, ...] | None = None) -> list[str]:
     """The identifiers a rule's topics match (every word of a topic among one identifier's words)."""
-    topics = [set(t.split()) for t in (topics or rule.topics)]
-    unless = [set(t.split()) for t in rule.unless]
     out = []
     for i in idents:
-        words = set(plan_reach.words_of(i))
-        if any(t <= words for t in topics) and not any(t <= words for t in unless):
+        words = plan_reach.words_of(i)
+        if any(topic_in(t, words) for t in (topics or rule.topics)) and not any(topic_in(t, words)
+                                                                                 for t in rule.unless):
             out.append(i)
     return out
 
 
 def _direction(label: str) -> str | None:
-    words = set(plan_reach.words_of(label.split(".")[-1]))
-    hit = lambda table: any(set(t.split()) <= words for t in table)  # noqa: E731
+    words = plan_reach.words_of(label.split(".")[-1])
+    hit = lambda table: any(topic_in(t, words) for t in table)  # noqa: E731
     if hit(plan_rules.EXPORT_WORDS):
         return "export"
     if hit(plan_rules.IMPORT_WORDS):
@@ -221,6 +222,21 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
+def _passes_through(unit: Unit, lines: set[int], ev: Evidence) -> bool:
+    """Does the change only add parameters to the function's signature and hand them on (`weight_dtype=None` in
+    the signature, `super().f(..., weight_dtype=weight_dtype)` in the body)? Every name the edit adds or removes is
+    one of its parameters, and its signature changed: what the parameter does is decided where it is used."""
+    node = unit.node
+    if unit.kind not in ("function", "method") or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    a = node.args
+    params = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else []),
+                              *([a.kwarg] if a.kwarg else [])]}
+    body = node.body[0].lineno if node.body else node.lineno
+    signature = set(range(node.lineno, body))
+    return bool(ev.code) and not ev.strings and set(ev.code) <= params and bool(lines & signature)
+
+
 def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
     """The features every Bridge caller of a helper is about (`_unpack_e2m1` called only by `_dequantize_mxfp4`):
     the helper serves those features whatever its own names say."""
@@ -238,7 +254,8 @@ def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
 
 
 def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
-              cache: dict, added_by_file: dict[str, set[int]]) -> tuple[dict[str, list[str]], list[dict]]:
+              cache: dict, added_by_file: dict[str, set[int]], verl_calls: bool = False
+              ) -> tuple[dict[str, list[str]], list[dict]]:
     """The features the changed lines touch (facts of them on those lines: names and name-like strings, a layer spec
     set, a layer module or spec defined), and the families whose own code the unit is, with each family's features
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
@@ -254,7 +271,8 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
         for w in structural.by_feature.get("custom-layer", []):
             touched.add("custom-layer", w)
-    if tier == "calls" and unit.kind in ("function", "method"):
+    if tier == "calls" and unit.kind in ("function", "method") and not verl_calls:
+        # (a function verl calls itself is no helper of its Bridge callers' features: verl is a caller too)
         for f, callers in _callers_feature(index, unit).items():
             touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
@@ -312,6 +330,11 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                     continue
                 ev = plan_reach.evidence(u, {line}, code, moved_old, old_spaces)
                 now = index.unit(u.key if ":" in u.key else u.key)
+                if now is None and u.kind == "method" and u.cls:
+                    # a method removed from a class that stays (an override dropped: the base class's runs in its
+                    # place): the class's behaviour changed, wherever the class is built
+                    now = index.unit(u.cls)
+                    now = now if now is not None and now.kind == "class" else None
                 if now is None:
                     continue  # a removed function: its callers changed too
                 per_unit.setdefault(now.key, (now, set(), plan_reach.code_lines(text or ""), [], moved_new,
@@ -322,6 +345,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     fam_cache: dict[str, list[plan_features.FamilyModel]] = {}
     added_by_file = {f.path: set(f.added) for f in change.files}
     entries = plan_reach.verl_entries(index, surface, global_reach)
+    entry_keys = {e.key for e in entries}  # what verl itself calls (an imported function, a method it names)
     entry_reach: dict[str, tuple[plan_reach.Entry, Reach]] = {}
     for key, (unit, lines, code, old_evs, moved, spaces) in per_unit.items():
         ev = plan_reach.evidence(unit, lines, code, moved, spaces)
@@ -372,11 +396,13 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         text = index._text(unit.file) or ""
         cu.only_moved = bool(lines) and all(ln in moved and _is_import_text(text, ln) for ln in lines) \
             and key not in removed_for
+        cu.passes_through = _passes_through(unit, lines, ev)
         if unit.kind in ("class", "method"):
             cls = index.units.get(unit.cls if unit.kind == "method" else key)
             cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)
         if tier != "none":
-            cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file)
+            cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file,
+                                              verl_calls=key in entry_keys)
             cu.config_code = cu.config_code or any(f["config"] and f["own"] for f in cu.served)
             if cu.edited_expert and tier in ("calls", "api"):  # lines under `if is_expert:`: the MoE path only
                 cu.touched.setdefault("moe", []).append(

@@ -131,6 +131,10 @@ def read_change(bridge_repo: Path | str, base: str | None = None) -> Change:
         repo = open_repo(bridge_repo, "BRIDGE_REPO")
     except RepoError as e:
         raise UsageError(str(e)) from None
+    if not (Path(repo.working_tree_dir or ".") / "src" / "megatron").is_dir():
+        # (src/megatron/bridge today; early history named the package src/megatron/hub)
+        raise UsageError(f"BRIDGE_REPO {repo.working_tree_dir} is not a Megatron-Bridge checkout (no "
+                         "src/megatron package)")
     base = base or default_base(repo)
     try:
         repo.commit(base)

@@ -21,6 +21,18 @@ def words_of(identifier: str) -> list[str]:
     return [w.lower() for w in WORD_SPLIT.findall(identifier)]
 
 
+def topic_in(topic: str, words) -> bool:
+    """Are a topic's words all words of an identifier? A topic that names a direction (`megatron to hf`) must read in
+    that order: `hf_to_megatron` is the other way."""
+    t = topic.split()
+    ws = list(words)
+    if not set(t) <= set(ws):
+        return False
+    if "to" not in t:
+        return True
+    return any(ws[i:i + len(t)] == t for i in range(len(ws) - len(t) + 1))
+
+
 def _pass_through(node: ast.keyword) -> bool:
     """`name=name` / `name=x.name`: a value handed on under its own name says nothing about the change."""
     v = node.value

@@ -100,6 +100,11 @@ def is_bridge_class(node: ast.AST) -> bool:
         _last_name(d.func if isinstance(d, ast.Call) else d) == "register_bridge" for d in node.decorator_list)
 
 
+def is_bridge_unit(unit: Unit) -> bool:
+    """A registered bridge class, by its decorator or by module code that applies `register_bridge(...)` to it."""
+    return unit.kind == "class" and (unit.bridge_call or is_bridge_class(unit.node))
+
+
 def is_spec_function(node: ast.AST) -> bool:
     return isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and bool(_hit(words_of(node.name), SPEC_WORDS))
 
@@ -238,7 +243,7 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
     in_folder = {u.key for u in units}
     out = []
     for u in units:
-        if u.kind != "class" or not is_bridge_class(u.node):
+        if not is_bridge_unit(u):
             continue
         fam = FamilyModel(u.key, folder)
         stack = [u.key]
@@ -378,7 +383,7 @@ def _bridges_using(index: BridgeIndex, key: str) -> list[str]:
             if u in seen or folder_of(index.units[u].file) is None:
                 continue
             seen.add(u)
-            if is_bridge_class(index.units[u].node):
+            if is_bridge_unit(index.units[u]):
                 out.append(u)
             stack.append(u)
     return out

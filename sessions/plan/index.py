@@ -33,6 +33,7 @@ class Unit:
     bases: list[str] = field(default_factory=list)  # a class's Bridge base classes (keys)
     methods: dict[str, str] = field(default_factory=dict)  # a class's method name → unit key
     registered: bool = False  # a class a Bridge decorator registers (bridges, mappings)
+    bridge_call: bool = False  # module code registers it as a bridge: `X = Bridge.register_bridge(...)(X)`
     deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
     called: set[str] = field(default_factory=set)  # what it calls (a class called is instantiated)
     var_refs: set[str] = field(default_factory=set)  # module-level variables it reads ("pkg.mod.NAME")
@@ -355,6 +356,19 @@ class BridgeIndex:
                     unit.deco_refs.add(t[1])
         if unit.kind == "module":
             for n in nodes:
+                # a decorator applied by a call in module code (`X = Bridge.register_bridge(...)(X)`, under an
+                # `if` that checks the HF class exists): the class is registered as if decorated
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Call) and len(n.args) == 1 \
+                        and isinstance(n.args[0], ast.Name):
+                    deco = self._target(n.func.func, info, local)
+                    cls = self.units.get(f"{info.name}:{n.args[0].id}")
+                    if deco and deco[0] == "unit" and cls is not None and cls.kind == "class":
+                        cls.registered = True
+                        cls.deco_refs.add(deco[1])
+                        func = n.func.func
+                        cls.bridge_call = cls.bridge_call or (
+                            isinstance(func, (ast.Attribute, ast.Name))
+                            and (func.attr if isinstance(func, ast.Attribute) else func.id) == "register_bridge")
                 if isinstance(n, ast.Call):
                     for arg in [*n.args, *[k.value for k in n.keywords]]:
                         unit.passed.update(t[1] for x in ast.walk(arg) if (t := self._target(x, info, local))

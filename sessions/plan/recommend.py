@@ -15,6 +15,7 @@ from sessions.plan import line_settings
 from sessions.plan import rules as plan_rules
 from sessions.plan.analysis import Analysis, ChangedUnit, _matches, is_doc, topic_hits
 from sessions.plan.change import Change, ChangedFile, _is_bridge_python
+from sessions.plan.evidence import topic_in
 from sessions.plan.rules import Family, Rule
 
 
@@ -274,12 +275,14 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
 
     Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
     A family's own code: the features its changed lines touch; the family's whole feature set when the family is new;
-    VLM when the family is a vision-language one (text-only GSM8K never runs its vision side); custom layer when the
+    VLM when the family is a vision-language one and no text-only family of its folder runs the code too (text-only
+    GSM8K never runs its vision side); custom layer when the
     changed code is the family's own layer module or layer spec. A family of another folder that reuses the code
     (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it.
     The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
     when the change is vision-only), its quantized HF weights when the change is on a way verl moves weights, custom
-    layer when the change sets a field its own layer modules read. Lines only moved involve nothing."""
+    layer when the change sets a field its own layer modules read; none of these when the change only gains a
+    parameter and hands it on (plumbing: where the parameter is used decides). Lines only moved involve nothing."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
@@ -287,6 +290,10 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     if u.only_moved:
         return {}  # an import moved (deferred into the function): placement, no feature's behaviour
     out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
+    # a text-only family of its own folder runs the changed code too (Step 3.5's decoder layer, which Step 3.7's VL
+    # model also builds): a text-only run exercises it, being a VL family's code does not make it vision code
+    text_family = u.tier in ("calls", "api") and any(
+        f.get("own", True) and "vlm" not in f["features"] for f in u.served)
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
         own = fam.get("own", True)  # a family reusing another family's code: only that code's layer counts
@@ -294,9 +301,11 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
         take: dict[str, tuple[str, list[str]]] = {}
         if fam["new"] and own:
             take.update({f: (f"{fam['family']} is new and has {f}", facts) for f, facts in feats.items()})
-        if "vlm" in feats and own:
+        if "vlm" in feats and own and not text_family:
             take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
-        if own and fam.get("config") and u.tier == "calls" and u.entries:
+        if own and fam.get("config") and u.tier == "calls" and u.entries and not u.passes_through:
+            # (a parameter the bridge only gains and hands on sets no field of what the family builds: the code that
+            # uses the parameter decides what it involves)
             # its bridge or provider config (what verl's provider and weight calls build every model of the family
             # from) changed: a MoE family builds experts in its MoE layers, a VLM family its vision side, whatever
             # the changed field is — unless the change is on the vision side only (a vision encoder has no experts)
@@ -313,7 +322,7 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             take["custom-layer"] = (f"{fam['family']}'s own layer code changed" if own else
                                     f"{fam['family']}'s layer specs build the changed layer module",
                                     feats.get("custom-layer") or ["its own layer code"])
-        elif own and fam.get("layer_reads"):
+        elif own and fam.get("layer_reads") and not u.passes_through:
             take.setdefault("custom-layer", (
                 f"the change sets {', '.join(fam['layer_reads'][:3])}, read by {fam['family']}'s own layer modules",
                 feats.get("custom-layer") or []))
@@ -330,8 +339,8 @@ WEIGHT_IMPORT = ("load hf weights", "load weights", "hf to megatron", "import ck
 
 
 def _exports(label: str) -> bool:
-    words = set(plan_features.words_of(label.split(".")[-1]))
-    return any(set(t.split()) <= words for t in plan_rules.EXPORT_WORDS)
+    words = plan_features.words_of(label.split(".")[-1])
+    return any(topic_in(t, words) for t in plan_rules.EXPORT_WORDS)
 
 
 def _moves_weights(label: str) -> bool:
@@ -341,8 +350,8 @@ def _moves_weights(label: str) -> bool:
 
 def _weight_import(label: str) -> bool:
     """A verl entry point that loads HF weights into the Megatron model (`AutoBridge.load_hf_weights`)."""
-    words = set(plan_features.words_of(label.split(".")[-1]))
-    return any(set(t.split()) <= words for t in WEIGHT_IMPORT)
+    words = plan_features.words_of(label.split(".")[-1])
+    return any(topic_in(t, words) for t in WEIGHT_IMPORT)
 
 
 def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
@@ -375,6 +384,10 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
         parallel = _parallel(u)
         new_family_only = bool(u.served) and all(f["new"] for f in u.served)
+        # code that moves weights: the changed function is itself a weight import/export (`load_weights_hf_to_megatron`,
+        # `stream_weights_megatron_to_hf`), whichever verl call runs it (verl's entry points are not all known: a PEFT
+        # object verl calls runs its freeze code whatever export also reaches it)
+        weights_only = u.tier == "calls" and (_weight_import(u.name) or _exports(u.name))
         for rule in plan_rules.RULES:
             if rule.level == 4:
                 continue  # Level 4 comes from the families' features (involved_features)
@@ -383,6 +396,10 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             if rule.name == "dispatcher" and new_family_only:
                 continue  # a new provider's dispatcher setting: its EP run is a follow-up (the moe-ep-follow-up)
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
+            if rule.level == 5 and weights_only:
+                # only verl's weight import/export runs it: moving weights computes no loss or gradient; what it
+                # sets on the parameters it loads (`p.requires_grad = False`) still decides their gradients
+                hits = [h for h in hits if h in u.sets]
             if rule.name == "hf-export" and u.tier == "calls" and u.export_only and u.family is None:
                 hits = hits or [f"the nearest verl calls that move weights export them: {', '.join(u.nearest[:3])}"]
             if rule.name == "hf-export" and u.tier == "calls" and u.exports_only and u.family and not u.only_moved:

@@ -102,7 +102,8 @@ RULES: tuple[Rule, ...] = (
     Rule("optimizer-state", 1, "optimizer state changed: it is saved and reloaded on resume",
          topics=("optimizer state", "optim state", "load optim", "save optim", "optimizer state dict")),
     Rule("hf-export", 1, "HF export changed: verl exports weights through it (rollout sync, model/huggingface/ "
-         "with every checkpoint)", topics=("export", "exports", "exporter")),
+         "with every checkpoint)", topics=("export", "exports", "exporter", "megatron to hf"),
+         unless=("config",)),  # Megatron → HF is the export direction; the reverse *config* translation is not
     # ---- Level 2: parallel stress
     Rule("provider-finalization", 2, "provider finalization changed: the provider must be finalized with the "
          "parallel sizes verl initialized through Megatron mpu", topics=("finalize",), variant="dense"),
