@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a third own labelling, split 's5' (session 5, never tuned on; '-' for none)")
     ap.add_argument("--split", choices=("dev", "heldout", "fresh", "s5", "all"), default="all",
                     help="which part of the own cases to run (develop on dev only)")
-    ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"), help="verl checkout")
+    ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"),
+                    help="a current verl checkout (verl-project/verl: an older one lacks the Bridge calls verl "
+                         "makes now, and every level they justify goes missing)")
     ap.add_argument("--extra", type=int, default=0, help="also plan N recent commits not in the cases file")
     ap.add_argument("--only", help="comma-separated commits of the cases file to run")
     ap.add_argument("--verbose", action="store_true")
