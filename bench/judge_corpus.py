@@ -24,13 +24,18 @@ def accepted(cell: str) -> set[str]:
     return {part.strip().lower() for part in cell.split("|") if part.strip()}
 
 
-def score(folder: Path, label: str = "", keep=lambda row: True, show_misses: bool = True) -> None:
+def judged(folder: Path) -> list[tuple[dict[str, str], object]]:
+    """Every INDEX.tsv row of the folder with the verdict on its log (each log judged once)."""
     with open(folder / "INDEX.tsv", encoding="utf-8", newline="") as f:
-        rows = [row for row in csv.DictReader(f, delimiter="\t") if keep(row)]
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [(row, judge_log(folder / row["file"])) for row in rows]
+
+
+def score(folder: Path, verdicts, label: str = "", keep=lambda row: True, show_misses: bool = True) -> None:
     results = categories = false_pass = 0
     misses, unknown = [], []
-    for row in rows:
-        v = judge_log(folder / row["file"])
+    kept = [(row, v) for row, v in verdicts if keep(row)]
+    for row, v in kept:
         r_ok = v.result.lower() in accepted(row["expected_result"])
         c_ok = v.category.lower() in accepted(row["category"])
         results += r_ok
@@ -40,7 +45,7 @@ def score(folder: Path, label: str = "", keep=lambda row: True, show_misses: boo
             unknown.append(row["file"])
         if not (r_ok and c_ok):
             misses.append(f"  {row['file']}: {v.result}/{v.category} vs {row['expected_result']}/{row['category']}")
-    n = len(rows)
+    n = len(kept)
     print(f"{folder}{label}: {n} logs; results {results}/{n} ({100 * results / n:.1f} %), categories {categories}/{n} "
           f"({100 * categories / n:.1f} %), false Pass {false_pass}, judged unknown {len(unknown)}")
     if show_misses and misses:
@@ -54,7 +59,9 @@ def numbered_half(odd: bool):
 if __name__ == "__main__":
     halves = "--halves" in sys.argv[1:]
     for arg in [a for a in sys.argv[1:] if a != "--halves"] or ["../shared/real-logs"]:
-        score(Path(arg), show_misses=not halves)
+        folder = Path(arg)
+        verdicts = judged(folder)
+        score(folder, verdicts, show_misses=not halves)
         if halves:
-            score(Path(arg), " (odd: looked at)", numbered_half(True))
-            score(Path(arg), " (even: never tuned on)", numbered_half(False), show_misses=False)
+            score(folder, verdicts, " (odd: looked at)", numbered_half(True))
+            score(folder, verdicts, " (even: never tuned on)", numbered_half(False), show_misses=False)
