@@ -146,3 +146,24 @@ def test_verl_s_own_planned_total_is_dataloader_size_times_epochs():
     assert judge_lines(_epoch_log(209, first_step=0)).result == "Pass"  # releases that count steps from 0
     explicit = judge_lines(_epoch_log(5, extra=("+ python3 -m verl.trainer.main_ppo trainer.total_training_steps=5",)))
     assert (explicit.result, explicit.steps_expected) == ("Pass", 5)  # verl's override wins over the formula
+
+
+STEPPED = ["+ TOTAL_TRAIN_STEPS=100",
+           "(TaskRunner pid=7) step:1 - training/global_step:1 - actor/pg_loss:0.1",
+           "(TaskRunner pid=7) step:2 - training/global_step:2 - actor/pg_loss:0.1"]
+KEYBOARD = ["Traceback (most recent call last):", '  File "/verl/verl/trainer/main_ppo.py", line 42, in main',
+            "KeyboardInterrupt"]
+
+
+@pytest.mark.parametrize("lines, termination", [([*STEPPED, *KEYBOARD], None), (STEPPED, "interrupted")])
+def test_an_interruption_after_training_steps_fails_the_run(lines, termination):
+    """SPEC's Blocked is "stopped before the provider was exercised": two steps exercised it (issue 25.3)."""
+    verdict = judge_lines(lines, termination=termination)
+    assert (verdict.result, verdict.category) == ("Fail", "interrupted"), verdict.first_error
+
+
+@pytest.mark.parametrize("termination", [None, "interrupted"])
+def test_an_interruption_before_any_step_stays_blocked(termination):
+    verdict = judge_lines(["+ TOTAL_TRAIN_STEPS=100", *(KEYBOARD if termination is None else [])],
+                          termination=termination)
+    assert (verdict.result, verdict.category) == ("Blocked", "interrupted"), verdict.first_error

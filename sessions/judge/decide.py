@@ -244,9 +244,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
 
 def _result(ev: Evidence, event: _ErrorEvent, result: str, category: str, phase: str,
             hint: str | None) -> tuple[str, str, str, str | None]:
-    """Blocked only before the provider was exercised: after training steps an environment fault fails the run
-    (its category and the environment hint stay)."""
-    if result == "Blocked" and category != "interrupted" and (event.step > 0 or ev.max_step > 0):
+    """Blocked only before the provider was exercised: after training steps an environment fault (or an
+    interruption) fails the run; its category and the environment hint stay."""
+    if result == "Blocked" and (event.step > 0 or ev.max_step > 0):
         result = "Fail"
         if category == "env-disk":
             hint = hint or H_DISK
@@ -403,7 +403,8 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     phase = verdict.phase
 
     if ev.termination == "interrupted":
-        result, category = "Blocked", "interrupted"
+        # SPEC's Blocked is "stopped before the provider was exercised": after a training step it is a Fail
+        result, category = "Fail" if ev.max_step > 0 else "Blocked", "interrupted"
         first_error = f"interrupted by the launcher; {ends}"
         limitations.append("run interrupted before it ended: not evidence for or against the Bridge provider")
     elif complete:

@@ -354,7 +354,8 @@ case("blocked_ray_connect", header() + trace() + [
     "ConnectionError: Could not find any running Ray instance. Please specify the one to connect to by setting "
     "`--address` flag or `RAY_ADDRESS` environment variable."], {"result": "Blocked", "category": "env-ray-import"},
     exit_code=1)
-case("blocked_interrupted", built3 + steps(3)[:3], {"result": "Blocked", "category": "interrupted"},
+# after a training step the provider was exercised: an interruption then is no Blocked (SPEC; issue 25.3)
+case("fail_interrupted_after_step1", built3 + steps(3)[:3], {"result": "Fail", "category": "interrupted"},
      termination="interrupted", steps=3)
 case("blocked_keyboard_interrupt_in_log", built + ["^CTraceback (most recent call last):",
                                                    f'  File "{VERL}/trainer/main_ppo.py", line 42, in main',
@@ -464,7 +465,7 @@ FIRST_ERRORS = {
     "blocked_disk_full_download": "No space left on device",
     "blocked_flash_attn_missing": "No module named 'flash_attn'",
     "blocked_hydra_release_mismatch": "Could not override 'actor_rollout_ref.actor.megatron.grad_offload'",
-    "blocked_interrupted": "interrupted by the launcher; it ends after step 1 of 3",
+    "fail_interrupted_after_step1": "interrupted by the launcher; it ends after step 1 of 3",
     "blocked_keyboard_interrupt_in_log": "KeyboardInterrupt",
     "blocked_modelopt_missing": "No module named 'modelopt'",
     "blocked_no_gpus": "Total available GPUs 0 is less than total desired GPUs 1",
