@@ -231,3 +231,57 @@ def test_the_dense_pass_locates_every_line_may_last_keeps():
             assert pos in located and finder.may_last(line, located[pos], fresh), line[:200]
         pos += len(line) + 1
     assert kept > 1000, kept
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_storm_past_the_cap_read_for_its_fed_lines_only(seed, tmp_path, monkeypatch):
+    """Past MAX_EVENTS the exact reader looks only for the lines Evidence still feeds (CappedReading): the verdict
+    is the one of feeding every hit line, with facts, raylet and step lines inside the storm, a progress lifting
+    the cap mid-window, wrapped step lines across chunks, a thread's traceback, and a log ending in the storm."""
+    rng = random.Random(2000 + seed)
+    monkeypatch.setattr(skim, "EXACT_WINDOW", rng.choice([1 << 9, 1 << 12, 256 << 10]))
+    calls = []
+    capped = skim.Skim._capped
+    monkeypatch.setattr(skim.Skim, "_capped", lambda self, *a: calls.append(1) or capped(self, *a))
+    inside = [b"+ VANILLA_MBRIDGE=False", b"(raylet) Shutting down the worker", TR + b"step:1 - actor/pg_loss:0.1",
+              b"(WorkerDict pid=3) No module named 'vllm._moe_C'", TR + b"Total training steps: 40",
+              b"(WorkerDict pid=1) Exception in thread Thread-2:", b"(WorkerDict pid=1) Saving checkpoint failed: boom",
+              TR + b"Saving checkpoint to /c/global_step_3", b"torch.OutOfMemoryError: CUDA out of memory",
+              TR + b"\rTraining Progress:  10%|#| 4/40 [00:01<00:09]"]
+    lines = [b"+ TOTAL_TRAIN_STEPS=40", TR + b"step:1 - training/global_step:1 - actor/pg_loss:0.1"]
+    step = 1
+    for _storm in range(rng.randrange(2, 5)):
+        for i in range(MAX_EVENTS + rng.randrange(20, 3000)):
+            lines.append(b"(WorkerDict pid=%d) ERROR worker.py:%d RuntimeError: shard %d lost"
+                         % (rng.randrange(99), i, rng.randrange(10**6)))
+            if rng.random() < 0.01:
+                lines.append(rng.choice(inside))
+        if rng.random() < 0.7:  # training goes on: the cap is lifted (a wrapped step line at times)
+            step += 1
+            if rng.random() < 0.5:
+                lines += [TR + b"step:%d - training/global_step:%d - actor/pg_" % (step, step), b"loss:0.25"]
+            else:
+                lines.append(TR + b"step:%d - training/global_step:%d - actor/pg_loss:0.2" % (step, step))
+    path = tmp_path / "storm.log"
+    path.write_bytes(b"\n".join(lines) + (b"\n" if rng.random() < 0.5 else b""))
+    for chunk in (1 << 12, 1 << 16, 1 << 20):
+        same_verdicts(path, chunk)
+    assert calls, "the storm was never read past the cap"
+
+
+def test_a_storm_whose_cap_falls_on_a_window_end_still_notes_the_unkept_lines(tmp_path, monkeypatch):
+    """The cap reached by the last line of an exact window: every later storm line is unfed, and only the capped
+    search can note that error lines went unkept (as feeding them does)."""
+    head = [b"+ TOTAL_TRAIN_STEPS=40", TR + b"step:1 - actor/pg_loss:0.1"]
+    storm = [b"(WorkerDict pid=1) RuntimeError: shard %06d lost" % i for i in range(MAX_EVENTS + 600)]
+    # the exact reading starts at the log's start: its first window ends with the storm's 400th line
+    monkeypatch.setattr(skim, "EXACT_WINDOW", sum(len(x) + 1 for x in head) + MAX_EVENTS * (len(storm[0]) + 1))
+    dropped = []
+    capped = skim.Skim._capped
+    monkeypatch.setattr(skim.Skim, "_capped",
+                        lambda self, *a: dropped.append(self.ev.events_dropped) or capped(self, *a))
+    path = tmp_path / "storm.log"
+    path.write_bytes(b"\n".join([*head, *storm]) + b"\n")
+    same_verdicts(path, 1 << 20)
+    assert dropped and dropped[0] == 0, dropped  # nothing noted when the capped reading began
+    assert any("not kept" in note for note in judge_log(path, chunk_size=1 << 20).limitations)

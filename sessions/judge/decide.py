@@ -473,7 +473,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     verdict.first_error = first_error
     verdict.hint = hint if hint is not None else CATEGORY_HINTS.get(category)
     if ev.events_dropped:
-        limitations.append(f"{ev.events_dropped} further error lines after the first {MAX_EVENTS} not kept")
+        limitations.append(f"further error lines after the first {MAX_EVENTS} not kept (an error storm)")
     if result == "Blocked":
         limitations.append("Blocked: not evidence against the Bridge provider")
     if ev.input_note and "not a text log" not in (first_error or ""):  # said once: here, or in the first error

@@ -24,7 +24,13 @@ import re
 from bisect import bisect_left
 from itertools import repeat
 
+try:
+    import hyperscan
+except ImportError:  # LastingLines and CappedReading are then unavailable: the reader reads every hit line
+    hyperscan = None
+
 from sessions.judge.evidence import (
+    LATE_KINDS_SET,
     MAX_EVENTS,
     PROGRESS_FACTS,
     THREAD_HEADER,
@@ -160,9 +166,15 @@ class LastingLines:
         return sorted(found), None, 0
 
     def holds_literal(self, line: bytes) -> bool:
-        for literal in self.checked:
-            if literal in line:
-                return True
+        """Whether the line holds a lasting literal: one Hyperscan scan stopped at the first (a loop of `in`
+        over the literals costs ~14x more on an error storm's lines)."""
+        database = self.literals.database
+        if database is None:
+            return any(literal in line for literal in self.checked)
+        try:
+            database.scan(line, match_event_handler=_stop)
+        except hyperscan.ScanTerminated:
+            return True
         return False
 
     def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
@@ -329,6 +341,38 @@ def _holding(buf: bytearray, cut: int, starts: list[int], matcher: NeedleMatcher
     return {offsets[offset] for offset in found}
 
 
+class CappedReading:
+    """An error storm read exactly: once MAX_EVENTS error events are kept, Evidence.feed_bytes drops every line that
+    holds no literal of a fact / limitation / marker pattern, `(raylet)` or `step:`, only noting that some line's
+    error candidates went unkept. So past the cap a window is searched for those lines only (few: one Hyperscan
+    pass), and for one line holding another pattern's literal (the note) — not every error line located and fed.
+    Same lines fed, same verdict; the note says that lines were not kept, not how many."""
+
+    def __init__(self):
+        late: set[bytes] = set()
+        other: set[bytes] = set()
+        for pattern in PATTERNS:
+            (late if pattern.kind in LATE_KINDS_SET else other).update(n.encode() for n in needles_of(pattern))
+        self.fed = NeedleMatcher(sorted(late | {b"(raylet)", b"step:"}))
+        self.unkept = NeedleMatcher(sorted(other))
+        self.usable = self.fed.database is not None and self.unkept.database is not None
+
+
+def _stop(*_report) -> bool:
+    return True  # a Hyperscan handler's True ends the scan (ScanTerminated)
+
+
+_CAPPED: list[CappedReading] = []
+
+
+def capped_reading() -> CappedReading | None:
+    """The CappedReading, built at the first storm (its two databases cost process start otherwise); None
+    without Hyperscan (then past the cap the lines are read as before it)."""
+    if not _CAPPED:
+        _CAPPED.append(CappedReading())
+    return _CAPPED[0] if _CAPPED[0].usable else None
+
+
 class Skim:
     """One file through one Evidence (see module docstring). `run` feeds it; `decide` reads it afterwards."""
 
@@ -396,6 +440,11 @@ class Skim:
         ev = self.ev
         while pos < cut:
             hi = buf.find(b"\n", min(cut, pos + EXACT_WINDOW) - 1, cut) + 1 or cut
+            if len(ev.events) >= MAX_EVENTS and (capped := capped_reading()) is not None:
+                pos, progressed, stop = self._capped(capped, buf, pos, hi, cut, eof, bar)
+                if stop:
+                    return pos, progressed
+                continue
             starts: set[int] = set()
             self.matcher.line_starts(buf, hi, starts, lo=pos)
             if bar is not None and pos <= bar < hi:
@@ -413,6 +462,54 @@ class Skim:
                     return pos, True
             pos = max(pos, hi)
         return cut, False
+
+    def _capped(self, capped: CappedReading, buf, pos: int, hi: int, cut: int, eof: bool,
+                bar: int | None) -> tuple[int, bool, bool]:
+        """_exact of the window buf[pos:hi] past the cap (CappedReading). -> (offset, progressed, stop): stop as
+        _exact returns; else go on from offset (hi, or after a line whose progress lifted the cap)."""
+        ev = self.ev
+        starts: set[int] = set()
+        capped.fed.line_starts(buf, hi, starts, lo=pos)
+        if bar is not None and pos <= bar < hi:
+            starts.add(bar)
+        gap = pos  # the lines from here to the next fed one are not fed
+        for start in sorted(starts):
+            if start < pos or (start != bar and not self._prefiltered(buf, start, cut)):
+                continue  # inside a joined step line; or no prefilter hit, which _exact never looks at
+            line, nxt, deferred, _ = line_at(buf, start, cut, eof)
+            self._note_unkept(capped, buf, gap, start)
+            if deferred:
+                return start, False, True
+            count = ev.progress_count
+            ev.feed_bytes(line)
+            pos = gap = nxt
+            if ev.progress_count != count and ev.reached >= RAY_UP and ev.skimmable:
+                return pos, True, True
+            if len(ev.events) < MAX_EVENTS:  # a progress cleared the events: read on line by line
+                return pos, False, False
+        self._note_unkept(capped, buf, gap, hi)
+        return max(pos, hi), False, False
+
+    def _prefiltered(self, buf, start: int, cut: int) -> bool:
+        end = buf.find(b"\n", start, cut)
+        found: set[int] = set()
+        self.matcher.line_starts(buf, cut if end == -1 else end, found, lo=start)
+        return bool(found)
+
+    def _note_unkept(self, capped: CappedReading, buf, lo: int, hi: int) -> None:
+        """Evidence's note of an unkept error line, when a prefilter hit line in buf[lo:hi] holds a literal of a
+        pattern the cap drops (the first one found ends the search)."""
+        if self.ev.events_dropped or lo >= hi:
+            return
+        rfind = buf.rfind
+
+        def hit(_id, _from, to, _flags, _context) -> bool:  # True ends the scan
+            return self._prefiltered(buf, rfind(b"\n", 0, lo + to) + 1, hi)
+
+        try:
+            capped.unkept.database.scan(memoryview(buf)[lo:hi], match_event_handler=hit)
+        except hyperscan.ScanTerminated:
+            self.ev.events_dropped += 1
 
     def _skim(self, buf, pos: int, cut: int, eof: bool, bar: int | None, candidates: list[int],
               masks: list[int] | None) -> tuple[int, bool]:
