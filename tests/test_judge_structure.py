@@ -56,6 +56,11 @@ CASES = {
     "sft_build_optimizer_rejects_config_value": ("Fail", "config", "frames"),
     "provider_raise_reads_its_config": ("Fail", "provider", "frames"),
     "thread_traceback_before_driver_chain": ("Fail", "data", "frames"),  # the driver's chain, not a thread's
+    # an exception raised in CUDA's lazy init: the process has no usable accelerator (environment) — in a worker's
+    # creation; under the rollout engine it stays the engine's (vLLM's fork), and CUDA failing later is no such case
+    "worker_init_cuda_lazy_init_fails": ("Blocked", "env-no-gpu", "frames"),
+    "vllm_worker_cuda_lazy_init_fails": ("Fail", "rollout", None),
+    "cuda_error_at_synchronize_in_training": ("Fail", "unknown", None),
     # (c) the message, where structure says nothing
     "hydra_override_parse_exception": ("Fail", "config", "message"),
     "ray_resource_request_warning_only": ("Blocked", "env-no-gpu", "message"),

@@ -32,6 +32,7 @@ from sessions.judge.logstream import normalise
 from sessions.judge.patterns import (
     CATEGORY_HINTS,
     FOLLOW_UPS,
+    H_DEVICE_INIT,
     H_DISK,
     H_LORA,
     ROLLOUT_SOURCE_RE,
@@ -194,7 +195,9 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
             found["decided_by"] = "message and traced command"
             return _result(ev, event, result, "env-dependency", phase, pattern.hint)
         return _result(ev, event, result, pattern.category, phase, pattern.hint)
-    wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES]
+    created = any(CREATION_RE.search(e.text) for e in events)  # an actor's __init__ raised: no death
+    wrapped = [WRAPPED_CATEGORIES[e.wrapped] for e in events if e.wrapped in WRAPPED_CATEGORIES
+               and not (created and e.wrapped == "ActorDiedError")]
     if wrapped and wrapped[-1] != "env-ray-import":
         found["decided_by"] = "exception type"
         return _result(ev, event, "Fail", wrapped[-1], phase, None)
@@ -217,8 +220,8 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
         if structural == "reward-model" and exc in ("FileNotFoundError", "IsADirectoryError") and \
                 area in ("setup", "reward"):  # the reward function's or model's file is not there
             return _result(ev, event, "Blocked", "reward-model", phase, None)
-        if structural == "env-no-gpu":  # verl's own resource check refused the cluster: environment evidence
-            return _result(ev, event, "Blocked", structural, phase, None)
+        if structural == "env-no-gpu":  # verl's resource check refused the cluster, or a device would not init
+            return _result(ev, event, "Blocked", structural, phase, H_DEVICE_INIT if frames == structural else None)
         return _result(ev, event, "Fail", structural, phase, hint)
     if wrapped:  # RayTaskError(ModuleNotFoundError) in a worker: its PYTHONPATH
         found["decided_by"] = "exception type"

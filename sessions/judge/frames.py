@@ -102,11 +102,18 @@ RUNNING_RE = re.compile(r"_?forward|backward|forward_backward|custom_forward|che
                         r"(?:train|optimizer)_step|step$")
 
 
+# the function that makes a process's accelerator usable: an exception raised in it means the process has none it
+# can use (no driver, no visible device, a torch built without CUDA) — the environment, wherever it was called from
+DEVICE_INIT_FRAMES = {("torch/cuda/__init__.py", "_lazy_init"), ("torch_npu/npu/__init__.py", "_lazy_init")}
+
+
 def frame_category(path: str, function: str | None = None) -> str | None:
     """The category of a frame's package (None: the frame says nothing)."""
     module = module_path(path)
     if module is None:
         return None
+    if (module, function) in DEVICE_INIT_FRAMES:
+        return "env-no-gpu"
     for module_re, category in MODULE_CATEGORIES:
         if module_re.search(module):
             if category == "megatron-core" and function and RUNNING_RE.match(function):

@@ -73,6 +73,11 @@ H_DISK = (
     "No space left: move HF_HOME, HF_HUB_CACHE and MODEL_PATH to a larger scratch path and rerun with an "
     "explicit local MODEL_PATH."
 )
+H_DEVICE_INIT = (
+    "The process could not initialise its accelerator (an exception in torch's CUDA/NPU lazy init): no driver, no "
+    "device visible to it (CUDA_VISIBLE_DEVICES, the container's device plugin), or a torch build without CUDA. "
+    "An environment fault, not a Bridge provider problem."
+)
 
 H_WEIGHT_SYNC = (
     "The actor->rollout weight sync failed after both sides were built: the Bridge's weight/adapter export under "
@@ -515,7 +520,9 @@ PATTERNS: tuple[Pattern, ...] = (
        any_of=("omegaconf", "hydra.errors", "ConfigCompositionException", "ConfigKeyError", "ConfigAttributeError")),
     _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
        result="fail", covered_by="rror"),
-    _p("actor-died", "", r"ActorDiedError(?!: The actor died because of an error raised in its "
+    # a death, not an actor whose __init__ raised (that exception is the cause), nor the bare type a RayTaskError
+    # wrapper names (the ActorDiedError line after it says which)
+    _p("actor-died", "", r"(?<!\()ActorDiedError(?!: The actor died because of an error raised in its "
        r"creation task)|The actor died unexpectedly|NodeDiedError|RayActorError|WorkerCrashedError|OwnerDiedError",
        "error",
        category="actor-died", result="fail", covered_by="rror",

@@ -77,7 +77,7 @@ def category_from_structure(area: str | None, frames: str | None, exc_type: str 
     if area in AREA_CATEGORIES:
         return AREA_CATEGORIES[area]
     if area == "setup":
-        if frames in ("data", "reward-model", "provider", "rollout", "config", "checkpoint"):
+        if frames in ("data", "reward-model", "provider", "rollout", "config", "checkpoint", "env-no-gpu"):
             return frames
         return SETUP_TYPES.get(exc_type or "", "config")
     if area == "worker-creation":
