@@ -11,7 +11,8 @@ chatter goes on until the file has its size), then measures in the same run, eac
 - grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
 Three more placements: `real` (the shared real logs, repeated to the size, each copy's digits renumbered so that
 lines with numbers do not repeat byte for byte: see digit_permutation), `real-pass` (only the passing ones: a
-long healthy run's content) and `metrics` (a metrics line per step).
+long healthy run's content), `metrics` (a metrics line per step) and `storm` (half the file trains, then every
+rank's NCCL watchdog, ERROR and frame lines, each distinct, to the end).
 It prints the figures, the ratios (target: <= 2x grep CPU and wall, <= 64 MiB RSS) and whether the verdict and the
 first error are the same in all three placements.
 """
@@ -158,6 +159,37 @@ def build_metrics(path: Path, size_mib: int) -> int:
     return total
 
 
+def build_storm(path: Path, size_mib: int) -> int:
+    """A run that trains half the file, then dies in an error storm: every rank's NCCL watchdog, tracebacks and
+    logger ERROR lines, each line distinct (ranks, pids, timestamps, sequence numbers), to the size."""
+    block = len(("\n".join(chatter(1, 1)) + "\n" + metrics(1) + "\n").encode())
+    half = (size_mib << 19) // block
+    total = 2 * max(1, half)
+    written = 0
+    with open(path, "w", encoding="utf-8", buffering=1 << 20) as out:
+        out.write("\n".join(HEAD).format(total=total) + "\n")
+        for step in range(1, half + 1):
+            text = "\n".join(chatter(step, total)) + "\n" + metrics(step) + "\n"
+            out.write(text)
+            written += len(text)
+        i = 0
+        while written < size_mib << 20:
+            rank, pid = i % 512, 3000 + i % 4093
+            text = (f"(WorkerDict pid={pid}, ip=10.0.{rank % 64}.{rank // 64}) [rank{rank}]:[E{i % 1000:03d} "
+                    f"12:{i % 60:02d}:{i % 59:02d}.{i % 997:03d}] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] "
+                    f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={i}, OpType=ALLREDUCE, "
+                    f"NumelIn={i * 4096}, NumelOut={i * 4096}, Timeout(ms)=600000) ran for {600000 + i} "
+                    f"milliseconds before timing out.\n"
+                    f"(WorkerDict pid={pid}) ERROR 08-14 12:{i % 60:02d}:{i % 59:02d} worker.py:{i} RuntimeError: "
+                    f"rank {rank} lost the collective (sequence {i})\n"
+                    f'(WorkerDict pid={pid})   File "/workspace/verl/verl/workers/x_{i % 97}.py", line {i % 1000}, '
+                    f"in step_{i % 13}\n")
+            out.write(text)
+            written += len(text)
+            i += 1
+    return half
+
+
 def measured(argv: list[str] | str, shell: bool = False) -> tuple[float, float, float, str]:
     """(wall s, CPU s, peak RSS MiB, stdout) of one fresh process, reaped by os.wait4 so that its own rusage (with
     the children it waited for: grep and wc under the shell) is read."""
@@ -185,9 +217,10 @@ def main() -> int:
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
     parser.add_argument("--runs", type=int, default=2, help="runs of each command (the best is reported)")
-    parser.add_argument("--placements", default="start,middle,end,real,real-pass,metrics",
+    parser.add_argument("--placements", default="start,middle,end,real,real-pass,metrics,storm",
                         help="comma list of: start, middle, end (filler with an OOM), real (the shared real logs "
-                             "repeated), real-pass (only those labelled pass), metrics (a metrics line per step)")
+                             "repeated), real-pass (only those labelled pass), metrics (a metrics line per step), "
+                             "storm (half the file trains, then an error storm of distinct lines)")
     args = parser.parse_args()
     invoke = shutil.which("invoke", path=str(Path(sys.executable).parent)) or shutil.which("invoke")
     if not invoke:
@@ -202,6 +235,8 @@ def main() -> int:
         path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
         if placement in ("real", "real-pass"):
             trained = build_real(path, args.size_mib, passing_only=placement == "real-pass")
+        elif placement == "storm":
+            trained = build_storm(path, args.size_mib)
         elif placement == "metrics":
             trained = build_metrics(path, args.size_mib)
         else:
