@@ -384,12 +384,74 @@ class HardWrapJoined(io.RawIOBase):
         super().close()
 
 
+# -- quoted pastes -------------------------------------------------------------------------------------------------
+# A log pasted as a quote (a GitHub comment's or a mail's `> `, a chat export) has every line behind a quote marker:
+# `^Traceback`, an exception line's start, a frame's indentation and the Ray prefix are all one marker away. Such a
+# file shows it in its head (most lines start with `>`); it is read with one marker taken off each line.
+QUOTE_RE = re.compile(rb"(?m)^> ?")
+QUOTED_SHARE = 0.8  # of the head's non-empty lines
+QUOTED_MIN_LINES = 3
+
+
+def quoted_paste(head: bytes, whole: bool) -> bool:
+    """Whether the head shows a quoted paste (`whole`: the head is the whole file)."""
+    lines = head.split(b"\n")
+    if not whole:
+        lines.pop()  # partial
+    lines = [line for line in lines if line.strip()]
+    quoted = sum(1 for line in lines if line.startswith(b">"))
+    return quoted >= QUOTED_MIN_LINES and quoted >= QUOTED_SHARE * len(lines)
+
+
+class QuoteStripped(io.RawIOBase):
+    """A binary file read with one quote marker (`> ` or `>`) taken off the start of each line (a C-level
+    substitution per block)."""
+
+    def __init__(self, handle):
+        super().__init__()
+        self.handle = handle
+        self.out = bytearray()
+        self.rest = b""  # the partial last line of the blocks read so far
+        self.eof = False
+
+    def _read_block(self) -> None:
+        block = self.rest + self.handle.read(WRAP_BLOCK)
+        if len(block) == len(self.rest):  # the end
+            self.eof = True
+            self.out += QUOTE_RE.sub(b"", block)
+            self.rest = b""
+            return
+        cut = block.rfind(b"\n") + 1
+        self.out += QUOTE_RE.sub(b"", block[:cut])
+        self.rest = block[cut:]
+
+    def readinto(self, view) -> int:
+        while len(self.out) < len(view) and not self.eof:
+            self._read_block()
+        n = min(len(view), len(self.out))
+        view[:n] = self.out[:n]
+        del self.out[:n]
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
 def open_log(path: str | os.PathLike[str]):
-    """The log opened for reading in binary: as is, or joined where its head shows a hard-wrapped paste."""
+    """The log opened for reading in binary: as is, without its quote markers where its head shows a quoted paste,
+    joined where its head shows a hard-wrapped one."""
     handle = open(path, "rb", buffering=0)
     head = handle.read(WRAP_SNIFF_BYTES)
-    width = hard_wrap_width(head, len(head) < WRAP_SNIFF_BYTES) if b"\n" in head else None
+    whole = len(head) < WRAP_SNIFF_BYTES
     handle.seek(0)
+    if b"\n" in head and quoted_paste(head, whole):
+        handle = QuoteStripped(handle)
+        head = QUOTE_RE.sub(b"", head)
+    width = hard_wrap_width(head, whole) if b"\n" in head else None
     return handle if width is None else HardWrapJoined(handle, width)
 
 
