@@ -384,45 +384,86 @@ class HardWrapJoined(io.RawIOBase):
         super().close()
 
 
-# -- quoted pastes -------------------------------------------------------------------------------------------------
-# A log pasted as a quote (a GitHub comment's or a mail's `> `, a chat export) has every line behind a quote marker:
-# `^Traceback`, an exception line's start, a frame's indentation and the Ray prefix are all one marker away. Such a
-# file shows it in its head (most lines start with `>`); it is read with one marker taken off each line.
-QUOTE_RE = re.compile(rb"(?m)^> ?")
-QUOTED_SHARE = 0.8  # of the head's non-empty lines
-QUOTED_MIN_LINES = 3
+# -- prefixed pastes -----------------------------------------------------------------------------------------------
+# A log that went through a paste or a collector before it reached us can have every line behind one more prefix: a
+# quote marker (a GitHub comment's or a mail's `> `, a chat export), a Markdown code block's four-space indent, a
+# container runtime's record header (`<RFC 3339 time> stdout F `), `kubectl logs --prefix`'s `[pod/name/container] `,
+# a viewer's line numbers. Then `^Traceback`, an exception line's start, a frame's indentation and the Ray prefix are
+# all one prefix away. Such a file shows it in its head (nearly every line has it); it is read with the prefix taken
+# off each line, by one C-level substitution per block; a file can have two (a quoted, indented block).
+PASTE_SHARE = 0.8  # of the head's non-empty lines
+PASTE_MIN_LINES = 3
+CRI_HEAD = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) "
+POD_PREFIX = rb"\[(?:pod/)?[a-z0-9][a-z0-9.-]{0,252}(?:/[a-z0-9][a-z0-9.-]{0,252})?\] "
+# name -> (what each line starts with, the substitutions that take it off (regex, replacement), in order)
+PASTE_PREFIXES = {
+    "quote": (rb"> ?", ((rb"(?m)^> ?", b""),)),
+    "indent": (rb"(?: {4}|\t)", ((rb"(?m)^(?: {4}|\t)", b""),)),
+    # a partial record (P: the runtime split a long line) goes on in the next record
+    "container": (CRI_HEAD + rb"[FP] ", ((rb"(?m)^" + CRI_HEAD + rb"F ", b""),
+                                         (rb"(?m)^" + CRI_HEAD + rb"P ([^\n]*)\n", rb"\1"))),
+    # Kubernetes names (lowercase DNS labels): a logger's `[INFO] ` level tag is no such prefix
+    "pod": (POD_PREFIX, ((rb"(?m)^" + POD_PREFIX, b""),)),
+    "line-number": (rb" *\d{1,7}(?:\t|: |\| | {2})", ((rb"(?m)^ *\d{1,7}(?:\t|: |\| | {2})", b""),)),
+}
+PASTE_RES = {name: (re.compile(rb"^" + start), tuple((re.compile(rx), repl) for rx, repl in subs))
+             for name, (start, subs) in PASTE_PREFIXES.items()}
+LINE_NUMBER_RE = re.compile(rb"^ *(\d{1,7})")
 
 
-def quoted_paste(head: bytes, whole: bool) -> bool:
-    """Whether the head shows a quoted paste (`whole`: the head is the whole file)."""
-    lines = head.split(b"\n")
-    if not whole:
-        lines.pop()  # partial
-    lines = [line for line in lines if line.strip()]
-    quoted = sum(1 for line in lines if line.startswith(b">"))
-    return quoted >= QUOTED_MIN_LINES and quoted >= QUOTED_SHARE * len(lines)
+def paste_prefixes(head: bytes, whole: bool) -> list[str]:
+    """The prefixes the head shows on nearly every line, outermost first (`whole`: the head is the whole file)."""
+    found: list[str] = []
+    for _ in range(2):
+        lines = head.split(b"\n")
+        if not whole:
+            lines.pop()  # partial
+        lines = [line for line in lines if line.strip()]
+        for name, (start, subs) in PASTE_RES.items():
+            marked = [line for line in lines if start.match(line)]
+            if len(marked) < PASTE_MIN_LINES or len(marked) < PASTE_SHARE * len(lines) or name in found:
+                continue
+            if name == "line-number" and not _counting(marked):
+                continue  # srun's `0: ` labels, a rank per line: not a viewer's numbers
+            found.append(name)
+            for regex, repl in subs:
+                head = regex.sub(repl, head)
+            break
+        else:
+            return found
+    return found
 
 
-class QuoteStripped(io.RawIOBase):
-    """A binary file read with one quote marker (`> ` or `>`) taken off the start of each line (a C-level
-    substitution per block)."""
+def _counting(lines: list[bytes]) -> bool:
+    numbers = [int(LINE_NUMBER_RE.match(line).group(1)) for line in lines]
+    return sum(b == a + 1 for a, b in zip(numbers, numbers[1:], strict=False)) >= PASTE_SHARE * (len(numbers) - 1)
 
-    def __init__(self, handle):
+
+class PrefixStripped(io.RawIOBase):
+    """A binary file read with a paste's prefix taken off each line (PASTE_PREFIXES' substitutions per block)."""
+
+    def __init__(self, handle, name: str):
         super().__init__()
         self.handle = handle
+        self.subs = PASTE_RES[name][1]
         self.out = bytearray()
         self.rest = b""  # the partial last line of the blocks read so far
         self.eof = False
+
+    def _stripped(self, block: bytes) -> bytes:
+        for regex, repl in self.subs:
+            block = regex.sub(repl, block)
+        return block
 
     def _read_block(self) -> None:
         block = self.rest + self.handle.read(WRAP_BLOCK)
         if len(block) == len(self.rest):  # the end
             self.eof = True
-            self.out += QUOTE_RE.sub(b"", block)
+            self.out += self._stripped(block)
             self.rest = b""
             return
         cut = block.rfind(b"\n") + 1
-        self.out += QUOTE_RE.sub(b"", block[:cut])
+        self.out += self._stripped(block[:cut])
         self.rest = block[cut:]
 
     def readinto(self, view) -> int:
@@ -442,15 +483,16 @@ class QuoteStripped(io.RawIOBase):
 
 
 def open_log(path: str | os.PathLike[str]):
-    """The log opened for reading in binary: as is, without its quote markers where its head shows a quoted paste,
-    joined where its head shows a hard-wrapped one."""
+    """The log opened for reading in binary: as is, without the prefix a paste or a collector put on every line
+    where its head shows one (PASTE_PREFIXES), joined where its head shows a hard-wrapped paste."""
     handle = open(path, "rb", buffering=0)
     head = handle.read(WRAP_SNIFF_BYTES)
     whole = len(head) < WRAP_SNIFF_BYTES
     handle.seek(0)
-    if b"\n" in head and quoted_paste(head, whole):
-        handle = QuoteStripped(handle)
-        head = QUOTE_RE.sub(b"", head)
+    for name in paste_prefixes(head, whole) if b"\n" in head else ():
+        handle = PrefixStripped(handle, name)
+        for regex, repl in PASTE_RES[name][1]:
+            head = regex.sub(repl, head)
     width = hard_wrap_width(head, whole) if b"\n" in head else None
     return handle if width is None else HardWrapJoined(handle, width)
 

@@ -1,0 +1,87 @@
+"""Prefixed pastes: every shared real log with one more prefix on each line — a quote marker (`> `, `>`), a Markdown
+code block's indent (four spaces, a tab), a container runtime's record header (long lines split into partial
+records), `kubectl logs --prefix`'s pod name, a viewer's line numbers, a quoted paste of a hard-wrapped one — is
+judged as the log itself. The reader sees the prefix in the file's head (nearly every line has it) and takes it off
+each line (logstream.open_log); logs whose lines only look alike (srun's rank labels, a logger's level tags, a few
+quoted lines) are read as they are."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessions.judge import logstream
+from sessions.judge.logstream import PrefixStripped, open_log, paste_prefixes
+from sessions.judge.verdict import judge_log
+from tests.conftest import real_logs
+from tests.test_verdict_wrapped import hard_wrap
+
+
+def quote(lines, marker=b"> "):
+    return [marker + line if line else b">" for line in lines]
+
+
+def container(lines):
+    """CRI records: a line longer than 200 bytes split into partial (P) records and its final (F) one."""
+    out = []
+    for i, line in enumerate(lines):
+        head = b"2025-08-14T12:00:%02d.123456789Z stdout " % (i % 60)
+        while len(line) > 200:
+            out.append(head + b"P " + line[:200])
+            line = line[200:]
+        out.append(head + b"F " + line)
+    return out
+
+
+PASTES = {
+    "quote": quote,
+    "quote-bare": lambda lines: quote(lines, b">"),
+    "indent": lambda lines: [b"    " + line for line in lines],
+    "tab": lambda lines: [b"\t" + line for line in lines],
+    "container": container,
+    "pod": lambda lines: [b"[pod/verl-trainer-7f9c/main] " + line for line in lines],
+    "line-numbers": lambda lines: [b"%6d\t" % (i + 1) + line for i, line in enumerate(lines)],
+    "quoted-wrap": lambda lines: quote(hard_wrap(b"\n".join(lines).decode("utf-8", "surrogateescape"), 120)
+                                       .encode("utf-8", "surrogateescape").split(b"\n")),
+}
+
+
+@pytest.mark.parametrize("paste", sorted(PASTES))
+def test_every_real_log_pasted_is_judged_as_itself(tmp_path, paste):
+    changed = []
+    for path in sorted(real_logs().glob("*.log")):
+        plain = judge_log(path)
+        pasted = tmp_path / path.name
+        pasted.write_bytes(b"\n".join(PASTES[paste](path.read_bytes().split(b"\n"))))
+        got = judge_log(pasted)
+        if (got.result, got.category, got.steps_completed) != (plain.result, plain.category, plain.steps_completed):
+            changed.append(f"{path.name}: {plain.result}/{plain.category} -> {got.result}/{got.category}")
+    assert not changed, "\n".join(changed)
+
+
+STEPS = [b"(TaskRunner pid=7) step:%d - actor/pg_loss:0.1" % i for i in range(1, 20)]
+
+
+@pytest.mark.parametrize("lines", [
+    [*STEPS, b"> a model's output", b"> quoted"],  # a few quoted lines
+    [b"%d: " % (i % 2) + line for i, line in enumerate(STEPS)],  # srun --label: a rank, not a line number
+    [b"[INFO] " + line for line in STEPS],  # a logger's level tag
+    [b"  File \"/x.py\", line 1, in f", b"    x = f()", b"ValueError: x"] * 5,  # a traceback's own indentation
+])
+def test_logs_whose_lines_only_look_prefixed_are_read_as_they_are(tmp_path, lines):
+    text = b"\n".join(lines) + b"\n"
+    assert paste_prefixes(text, True) == []
+    log = tmp_path / "x.log"
+    log.write_bytes(text)
+    with open_log(log) as handle:
+        assert not isinstance(handle, PrefixStripped) and handle.read() == text
+
+
+def test_the_prefix_comes_off_across_blocks_partial_records_join_and_a_last_line_keeps_no_newline(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr(logstream, "WRAP_BLOCK", 7)
+    lines = [b"Traceback (most recent call last):", b'  File "/x.py", line 1, in f', b"", b"ValueError: " + b"x" * 450]
+    log = tmp_path / "q.log"
+    for paste in ("quote", "container"):
+        log.write_bytes(b"\n".join(PASTES[paste](lines)))
+        with open_log(log) as handle:
+            assert handle.read() == b"\n".join(lines), paste
