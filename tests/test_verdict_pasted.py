@@ -1,11 +1,13 @@
 """Prefixed pastes: every shared real log with one more prefix on each line — a quote marker (`> `, `>`), a Markdown
 code block's indent (four spaces, a tab), a container runtime's record header (long lines split into partial
-records), `kubectl logs --prefix`'s pod name, a viewer's line numbers, a quoted paste of a hard-wrapped one — is
-judged as the log itself. The reader sees the prefix in the file's head (nearly every line has it) and takes it off
+records), `kubectl logs --prefix`'s pod name, a viewer's line numbers, a quoted paste of a hard-wrapped one — or
+taken from a web page's source (HTML entities), or with a byte order mark, is judged as the log itself. The reader sees the prefix in the file's head (nearly every line has it) and takes it off
 each line (logstream.open_log); logs whose lines only look alike (srun's rank labels, a logger's level tags, a few
 quoted lines) are read as they are."""
 
 from __future__ import annotations
+
+import html
 
 import pytest
 
@@ -40,6 +42,10 @@ PASTES = {
     "container": container,
     "pod": lambda lines: [b"[pod/verl-trainer-7f9c/main] " + line for line in lines],
     "line-numbers": lambda lines: [b"%6d\t" % (i + 1) + line for i, line in enumerate(lines)],
+    # a web page's source (every `"`, `<`, `>`, `'` an entity), a Windows editor's byte order mark
+    "html": lambda lines: [html.escape(line.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+                           for line in lines],
+    "bom": lambda lines: [b"\xef\xbb\xbf" + lines[0], *lines[1:]],
     "quoted-wrap": lambda lines: quote(hard_wrap(b"\n".join(lines).decode("utf-8", "surrogateescape"), 120)
                                        .encode("utf-8", "surrogateescape").split(b"\n")),
 }
@@ -66,6 +72,8 @@ STEPS = [b"(TaskRunner pid=7) step:%d - actor/pg_loss:0.1" % i for i in range(1,
     [b"%d: " % (i % 2) + line for i, line in enumerate(STEPS)],  # srun --label: a rank, not a line number
     [b"[INFO] " + line for line in STEPS],  # a logger's level tag
     [b"  File \"/x.py\", line 1, in f", b"    x = f()", b"ValueError: x"] * 5,  # a traceback's own indentation
+    # a run printing a few entities among more of the characters themselves (a rollout's HTML sample)
+    [*STEPS, b"(WorkerDict pid=8) sample: &lt;b&gt;x&lt;/b&gt; said \"<i>hi</i>\" 'a' \"b\" <c> <d> 'e'"],
 ])
 def test_logs_whose_lines_only_look_prefixed_are_read_as_they_are(tmp_path, lines):
     text = b"\n".join(lines) + b"\n"

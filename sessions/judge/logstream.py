@@ -408,18 +408,36 @@ PASTE_PREFIXES = {
 }
 PASTE_RES = {name: (re.compile(rb"^" + start), tuple((re.compile(rx), repl) for rx, repl in subs))
              for name, (start, subs) in PASTE_PREFIXES.items()}
+# text taken from a web page's source: HTML's entities for what tracebacks are full of (`File &quot;`, `&lt;module&gt;`)
+HTML_ENTITIES = ((rb"&quot;", b'"'), (rb"&lt;", b"<"), (rb"&gt;", b">"), (rb"&#0?39;|&#x27;", b"'"), (rb"&amp;", b"&"))
+PASTE_RES["html"] = (None, tuple((re.compile(rx), repl) for rx, repl in HTML_ENTITIES))
+HTML_MIN_ENTITIES = 3
+BOM = b"\xef\xbb\xbf"
+
+
+def _html_escaped(head: bytes) -> bool:
+    """More `&quot;` / `&lt;` / `&gt;` / `&#39;` than the characters they stand for: a web page's source."""
+    escaped = sum(map(head.count, (b"&quot;", b"&lt;", b"&gt;", b"&#39;", b"&#039;", b"&#x27;")))
+    return escaped >= HTML_MIN_ENTITIES and escaped > sum(map(head.count, (b'"', b"<", b">", b"'")))
 LINE_NUMBER_RE = re.compile(rb"^ *(\d{1,7})")
 
 
 def paste_prefixes(head: bytes, whole: bool) -> list[str]:
-    """The prefixes the head shows on nearly every line, outermost first (`whole`: the head is the whole file)."""
+    """The layers a paste put on the text, outermost first: HTML's entities (a web page's source), then the
+    prefixes the head shows on nearly every line (`whole`: the head is the whole file)."""
     found: list[str] = []
+    if _html_escaped(head):
+        found.append("html")
+        for regex, repl in PASTE_RES["html"][1]:
+            head = regex.sub(repl, head)
     for _ in range(2):
         lines = head.split(b"\n")
         if not whole:
             lines.pop()  # partial
         lines = [line for line in lines if line.strip()]
         for name, (start, subs) in PASTE_RES.items():
+            if start is None:
+                continue
             marked = [line for line in lines if start.match(line)]
             if len(marked) < PASTE_MIN_LINES or len(marked) < PASTE_SHARE * len(lines) or name in found:
                 continue
@@ -488,7 +506,9 @@ def open_log(path: str | os.PathLike[str]):
     handle = open(path, "rb", buffering=0)
     head = handle.read(WRAP_SNIFF_BYTES)
     whole = len(head) < WRAP_SNIFF_BYTES
-    handle.seek(0)
+    skip = len(BOM) if head.startswith(BOM) else 0  # a Windows editor's byte order mark is no part of line one
+    handle.seek(skip)
+    head = head[skip:]
     for name in paste_prefixes(head, whole) if b"\n" in head else ():
         handle = PrefixStripped(handle, name)
         for regex, repl in PASTE_RES[name][1]:
