@@ -1,13 +1,16 @@
 """Prefixed pastes: every shared real log with one more prefix on each line — a quote marker (`> `, `>`), a Markdown
 code block's indent (four spaces, a tab), a container runtime's record header (long lines split into partial
-records), `kubectl logs --prefix`'s pod name, a viewer's line numbers, a quoted paste of a hard-wrapped one — or
-taken from a web page's source (HTML entities), or with a byte order mark, is judged as the log itself. The reader sees the prefix in the file's head (nearly every line has it) and takes it off
-each line (logstream.open_log); logs whose lines only look alike (srun's rank labels, a logger's level tags, a few
-quoted lines) are read as they are."""
+records), `kubectl logs --prefix`'s pod name, journald's or `docker compose logs`'s line heads, a bare time of day,
+a viewer's line numbers, a quoted paste of a hard-wrapped one — or taken from a web page's source (HTML entities),
+or with a byte order mark, is judged as the log itself. The reader sees the prefix in the file's head (nearly every
+line has it) and takes it off each line (logstream.open_log); logs whose lines only look alike (srun's rank labels,
+a logger's level tags, a few quoted lines) are read as they are, and so is every real log of the repository's sets
+that is not itself a quoted paste."""
 
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +19,8 @@ from sessions.judge.logstream import PrefixStripped, open_log, paste_prefixes
 from sessions.judge.verdict import judge_log
 from tests.conftest import real_logs
 from tests.test_verdict_wrapped import hard_wrap
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def quote(lines, marker=b"> "):
@@ -41,6 +46,10 @@ PASTES = {
     "tab": lambda lines: [b"\t" + line for line in lines],
     "container": container,
     "pod": lambda lines: [b"[pod/verl-trainer-7f9c/main] " + line for line in lines],
+    "journal": lambda lines: [b"Aug 14 12:00:%02d gpu01 python3[4242]: " % (i % 60) + line
+                              for i, line in enumerate(lines)],
+    "compose": lambda lines: [b"verl-trainer-1  | " + line for line in lines],
+    "clock": lambda lines: [b"12:00:%02d " % (i % 60) + line for i, line in enumerate(lines)],
     "line-numbers": lambda lines: [b"%6d\t" % (i + 1) + line for i, line in enumerate(lines)],
     # a web page's source (every `"`, `<`, `>`, `'` an entity), a Windows editor's byte order mark
     "html": lambda lines: [html.escape(line.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
@@ -93,3 +102,16 @@ def test_the_prefix_comes_off_across_blocks_partial_records_join_and_a_last_line
         log.write_bytes(b"\n".join(PASTES[paste](lines)))
         with open_log(log) as handle:
             assert handle.read() == b"\n".join(lines), paste
+
+
+def test_no_real_log_but_the_quoted_pastes_shows_a_paste_prefix():
+    folders = [real_logs(), ROOT / "bench" / "heldout-logs-s5", ROOT / "bench" / "heldout-logs-s6", ROOT / "tests" / "logs"]
+    found = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*.log")):
+            head = path.read_bytes()[: logstream.WRAP_SNIFF_BYTES]
+            layers = paste_prefixes(head, len(head) < logstream.WRAP_SNIFF_BYTES)
+            if layers:
+                found[path.name] = layers
+    # the held-out sets hold three pastes quoted in their source (a GitHub comment, a chat export)
+    assert found and all(layers == ["quote"] for layers in found.values()), found

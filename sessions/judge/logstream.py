@@ -395,6 +395,9 @@ PASTE_SHARE = 0.8  # of the head's non-empty lines
 PASTE_MIN_LINES = 3
 CRI_HEAD = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) "
 POD_PREFIX = rb"\[(?:pod/)?[a-z0-9][a-z0-9.-]{0,252}(?:/[a-z0-9][a-z0-9.-]{0,252})?\] "
+JOURNAL_PREFIX = rb"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d (?:\S+ [^\s:\[]+(?:\[\d+\])?: )?"
+COMPOSE_PREFIX = rb"[A-Za-z0-9][\w.-]* +\| "
+CLOCK_PREFIX = rb"\[?\d\d:\d\d:\d\d(?:[.,]\d+)?\]? "
 # name -> (what each line starts with, the substitutions that take it off (regex, replacement), in order)
 PASTE_PREFIXES = {
     "quote": (rb"> ?", ((rb"(?m)^> ?", b""),)),
@@ -404,6 +407,11 @@ PASTE_PREFIXES = {
                                          (rb"(?m)^" + CRI_HEAD + rb"P ([^\n]*)\n", rb"\1"))),
     # Kubernetes names (lowercase DNS labels): a logger's `[INFO] ` level tag is no such prefix
     "pod": (POD_PREFIX, ((rb"(?m)^" + POD_PREFIX, b""),)),
+    # journalctl's short format (`Aug 14 12:00:00 host unit[pid]: `) and moreutils ts's default (`Aug 14 12:00:00 `)
+    "journal": (JOURNAL_PREFIX, ((rb"(?m)^" + JOURNAL_PREFIX, b""),)),
+    # `docker compose logs`: the service's container name, padded, and a bar
+    "compose": (COMPOSE_PREFIX, ((rb"(?m)^" + COMPOSE_PREFIX, b""),)),
+    "clock": (CLOCK_PREFIX, ((rb"(?m)^" + CLOCK_PREFIX, b""),)),  # a bare time of day (`ts "%H:%M:%S"`)
     "line-number": (rb" *\d{1,7}(?:\t|: |\| | {2})", ((rb"(?m)^ *\d{1,7}(?:\t|: |\| | {2})", b""),)),
 }
 PASTE_RES = {name: (re.compile(rb"^" + start), tuple((re.compile(rx), repl) for rx, repl in subs))
