@@ -91,7 +91,7 @@ CASES = {
     "reward": (provide_guarded("self.reward_head"), ["L0", "L5"]),
     "peft-trainability": (edit(LORA, "return module", "if self.trainable_only:\n    module.frozen = True\n"
                                "return module"), ["L0", "L1", "L5"]),
-    "gradient-flow": (provide_guarded("self.gradient_accumulation_fusion"), ["L0", "L5"]),
+    "gradient-flow": (provide_guarded("self.detach_embedding_grad"), ["L0", "L5"]),
 }
 
 
@@ -682,8 +682,13 @@ def test_provider_field_the_familys_own_layer_reads_is_custom_layer(tmp_path):
 
 def test_loss_setting_an_existing_provider_changes_is_level5_a_new_ones_is_not(tmp_path):
     change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
-                  "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_aux_loss_coeff = 0.01")
-    assert levels(plan_for(tmp_path, change)) == ["L0", "L4:moe", "L5"]
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.calculate_per_token_loss = True")
+    assert levels(plan_for(tmp_path / "loss", change)) == ["L0", "L4:moe", "L5"]
+    # a MoE router's auxiliary-loss coefficient is the router's setting: MoE, with the learning signal offered
+    aux = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+               "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_aux_loss_coeff = 0.01")
+    plan = plan_for(tmp_path / "aux", aux)
+    assert levels(plan) == ["L0", "L4:moe"] and "L5" in [e.key for e in plan.optional]
     base = _vl_moe_family()
     rel = B + "models/step_vl/step_vl_bridge.py"
     new = {k: v for k, v in base.items() if "step_vl" in k or k == B + "models/__init__.py"}
@@ -951,3 +956,8 @@ def test_weight_import_also_run_by_the_provider_build_changes_no_loss(tmp_path):
     unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
     assert "AutoBridge.to_megatron_provider" in unit.entries
     assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+
+
+def test_a_fused_kernel_for_the_same_gradients_is_no_gradient_flow_change(tmp_path):
+    # gradient_accumulation_fusion picks a fused wgrad kernel: the gradients are the same, Level 0 runs it
+    assert levels(plan_for(tmp_path, provide_guarded("self.gradient_accumulation_fusion"))) == ["L0"]

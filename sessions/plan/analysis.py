@@ -277,6 +277,10 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
     served = []
     shared_layer = plan_features.is_shared_layer(index, unit)  # its families' layer specs build it
+    key = unit.cls if unit.kind == "method" and unit.cls else unit.key
+    # shared-folder code only family code uses is those families' own code (a mapping class one bridge registers)
+    users = plan_features.family_users(index, key) if plan_features.folder_of(unit.file) is None \
+        and not shared_layer else set()
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]
         span = set(range(bridge.start, bridge.end + 1)) & plan_reach.code_lines(index._text(bridge.file) or "")
@@ -285,8 +289,10 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
             "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
             or shared_layer,
-            "own": fam.folder == plan_features.folder_of(unit.file),  # else it calls into another family's code
-            "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units),
+            "own": fam.folder == plan_features.folder_of(unit.file) or bool(users & fam.units),
+            # (else it calls into another family's code)
+            "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units)
+            or bool(users & fam.config_units),
             "builds": {f: fam.builds.by_feature[f][:3] for f in fam.builds.features()},
             "layer_reads": sorted(set(targets) & fam.layer_reads)})
     return touched.by_feature, served
