@@ -961,3 +961,72 @@ def test_weight_import_also_run_by_the_provider_build_changes_no_loss(tmp_path):
 def test_a_fused_kernel_for_the_same_gradients_is_no_gradient_flow_change(tmp_path):
     # gradient_accumulation_fusion picks a fused wgrad kernel: the gradients are the same, Level 0 runs it
     assert levels(plan_for(tmp_path, provide_guarded("self.gradient_accumulation_fusion"))) == ["L0"]
+
+
+def test_verls_standalone_scripts_are_not_its_rl_job(tmp_path):
+    # a checkpoint-merger CLI under verl's scripts/ that calls Bridge's training loop: users run it by hand, the
+    # procedure's run never does
+    verl = dict(VERL_FILES)
+    verl["scripts/merger.py"] = ("from megatron.bridge.training.train import train\n\n\n"
+                                 "def main(model):\n    train(model, 1)\n")
+    change = edit(B + "training/train.py", "model.step()", "model.step(step)")
+    assert levels(plan_for(tmp_path, change, verl_files=verl)) == []
+
+
+def _norm_mapping_of_olmoe() -> dict[str, str]:
+    # a mapping class in shared conversion code that only the OLMoE (MoE) family's bridge registers
+    base = dict(BRIDGE_BASE)
+    base[MAPPING] = textwrap.dedent(base[MAPPING]) + (
+        "\n\nclass ZeroCenteredNormMapping(MegatronParamMapping):\n"
+        "    def hf_to_megatron(self, weights):\n"
+        "        return weights\n")
+    base[OLMOE] = textwrap.dedent(base[OLMOE]).replace(
+        "import AutoMapping, ExpertMapping", "import AutoMapping, ExpertMapping, ZeroCenteredNormMapping").replace(
+        "return [AutoMapping(), ExpertMapping()]", "return [AutoMapping(), ExpertMapping(), ZeroCenteredNormMapping()]")
+    return base
+
+
+def test_shared_code_only_one_familys_bridge_uses_serves_that_family(tmp_path):
+    base = _norm_mapping_of_olmoe()
+    change = {MAPPING: base[MAPPING].replace("class ZeroCenteredNormMapping(MegatronParamMapping):\n"
+                                             "    def hf_to_megatron(self, weights):\n        return weights",
+                                             "class ZeroCenteredNormMapping(MegatronParamMapping):\n"
+                                             "    def hf_to_megatron(self, weights):\n        return weights - 1")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]  # a MoE family's conversion: every model of it is MoE
+    fams, _ = next(e for e in plan.entries if e.key == "L4:moe").justified_by()
+    assert fams == ["OlmoeBridge"]
+    # the same edit in a mapping every family uses (the base class) is shared code: no family's features
+    shared = edit(MAPPING, "def hf_to_megatron(self, weights):\n    return weights",
+                  "def hf_to_megatron(self, weights):\n    return weights - 1")
+    assert "L4:moe" not in levels(plan_for(tmp_path / "shared", shared))
+
+
+def _new_family_reading_tp() -> dict[str, str]:
+    base = _with_family("newarch", "newarch_bridge", "NewArchBridge", (
+        "from megatron.core import parallel_state\n"
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='NewArchForCausalLM')\n"
+        "class NewArchBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.heads = hf_config.heads // parallel_state.get_tensor_model_parallel_world_size()\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n"))
+    return base
+
+
+def test_a_new_providers_own_parallel_code_offers_level2_as_a_follow_up(tmp_path):
+    new = {k: v for k, v in _new_family_reading_tp().items() if "newarch" in k or k == B + "models/__init__.py"}
+    plan = plan_for(tmp_path, new)
+    assert levels(plan) == ["L0"]
+    follow = next(e for e in plan.optional if e.key == "L2d")
+    assert follow.reasons[0].rule == "new-provider-parallel-follow-up"
+    # the same line changed in an existing family: parallel stress is required
+    base = _new_family_reading_tp()
+    rel = B + "models/newarch/newarch_bridge.py"
+    changed = {rel: base[rel].replace("hf_config.heads //", "hf_config.num_heads //")}
+    assert "L2d" in levels(plan_for(tmp_path / "existing", changed, base=base))
