@@ -1030,3 +1030,16 @@ def test_a_new_providers_own_parallel_code_offers_level2_as_a_follow_up(tmp_path
     rel = B + "models/newarch/newarch_bridge.py"
     changed = {rel: base[rel].replace("hf_config.heads //", "hf_config.num_heads //")}
     assert "L2d" in levels(plan_for(tmp_path / "existing", changed, base=base))
+
+
+def test_quantization_in_a_layer_spec_is_qat_not_quantized_weights(tmp_path):
+    # a layer spec the provider build runs that swaps in quantized modules: ModelOpt's quantized layers (QAT)
+    base = dict(BRIDGE_BASE)
+    base[GPT] = textwrap.dedent(base[GPT]).replace(
+        "class GPTModelProvider:",
+        "def quantization_layer_spec(config):\n    return config\n\n\nclass GPTModelProvider:").replace(
+        "return object()", "return quantization_layer_spec(self)")
+    change = {GPT: base[GPT].replace("def quantization_layer_spec(config):\n    return config",
+                                     "def quantization_layer_spec(config):\n"
+                                     "    return config.quant_modules if config.quantize else config")}
+    assert levels(plan_for(tmp_path, change, base=base)) == ["L0", "L4:qat"]
