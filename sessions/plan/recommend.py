@@ -415,9 +415,10 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             if rule.level == 1 and new_family_only:
                 continue  # a new family's own save/export hooks: every family has them; L1 is for changes to them
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
-            if rule.level == 2 and new_family_only:
-                # a new provider's own parallel code: the procedure keeps parallel stress a follow-up for it
-                # ("Gardez ceux-ci comme des runs de suivi"); offered, not required
+            if rule.level == 2 and new_family_only and not any(f.get("layer") for f in u.served):
+                # a new provider's own config/conversion code under parallel sizes: the procedure keeps parallel
+                # stress a follow-up for it ("Gardez ceux-ci comme des runs de suivi"); offered, not required.
+                # Its own layer modules reading TP/PP state are custom layer behaviour only a parallel run runs.
                 if hits:
                     add(plan_rules.BY_NAME[NEW_FAMILY_FOLLOW_UP[rule.variant]], [u.file],
                         [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
