@@ -1043,3 +1043,35 @@ def test_quantization_in_a_layer_spec_is_qat_not_quantized_weights(tmp_path):
                                      "def quantization_layer_spec(config):\n"
                                      "    return config.quant_modules if config.quantize else config")}
     assert levels(plan_for(tmp_path, change, base=base)) == ["L0", "L4:qat"]
+
+
+def test_a_new_providers_own_layer_module_reading_tp_keeps_level2_required(tmp_path):
+    # a new family whose own attention module divides by the TP size: custom layer behaviour that only a TP run
+    # exercises, not the provider's config read under parallel sizes (that one is a follow-up)
+    base = _with_family("newarch", "newarch_bridge", "NewArchBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.newarch.newarch_layers import newarch_layer_spec\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='NewArchForCausalLM')\n"
+        "class NewArchBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = newarch_layer_spec\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n"))
+    base[B + "models/newarch/newarch_layers.py"] = (
+        "from megatron.core import parallel_state\n"
+        "from megatron.core.transformer.attention import SelfAttention\n"
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n\n\n"
+        "class NewArchAttention(SelfAttention):\n"
+        "    def forward(self, hidden_states):\n"
+        "        heads = self.config.num_attention_heads // parallel_state.get_tensor_model_parallel_world_size()\n"
+        "        return hidden_states * heads\n\n\n"
+        "def newarch_layer_spec(config):\n"
+        "    return ModuleSpec(module=NewArchAttention)\n")
+    new = {k: v for k, v in base.items() if "newarch" in k or k == B + "models/__init__.py"}
+    plan = plan_for(tmp_path, new)
+    assert "L2d" in levels(plan), [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+    assert "L2d" not in [e.key for e in plan.optional]
