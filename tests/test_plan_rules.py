@@ -91,7 +91,7 @@ CASES = {
     "reward": (provide_guarded("self.reward_head"), ["L0", "L5"]),
     "peft-trainability": (edit(LORA, "return module", "if self.trainable_only:\n    module.frozen = True\n"
                                "return module"), ["L0", "L1", "L5"]),
-    "gradient-flow": (provide_guarded("self.gradient_accumulation_fusion"), ["L0", "L5"]),
+    "gradient-flow": (provide_guarded("self.detach_embedding_grad"), ["L0", "L5"]),
 }
 
 
@@ -682,8 +682,13 @@ def test_provider_field_the_familys_own_layer_reads_is_custom_layer(tmp_path):
 
 def test_loss_setting_an_existing_provider_changes_is_level5_a_new_ones_is_not(tmp_path):
     change = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
-                  "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_aux_loss_coeff = 0.01")
-    assert levels(plan_for(tmp_path, change)) == ["L0", "L4:moe", "L5"]
+                  "provider.num_moe_experts = hf_config.num_experts\nprovider.calculate_per_token_loss = True")
+    assert levels(plan_for(tmp_path / "loss", change)) == ["L0", "L4:moe", "L5"]
+    # a MoE router's auxiliary-loss coefficient is the router's setting: MoE, with the learning signal offered
+    aux = edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+               "provider.num_moe_experts = hf_config.num_experts\nprovider.moe_aux_loss_coeff = 0.01")
+    plan = plan_for(tmp_path / "aux", aux)
+    assert levels(plan) == ["L0", "L4:moe"] and "L5" in [e.key for e in plan.optional]
     base = _vl_moe_family()
     rel = B + "models/step_vl/step_vl_bridge.py"
     new = {k: v for k, v in base.items() if "step_vl" in k or k == B + "models/__init__.py"}
@@ -951,3 +956,122 @@ def test_weight_import_also_run_by_the_provider_build_changes_no_loss(tmp_path):
     unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
     assert "AutoBridge.to_megatron_provider" in unit.entries
     assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+
+
+def test_a_fused_kernel_for_the_same_gradients_is_no_gradient_flow_change(tmp_path):
+    # gradient_accumulation_fusion picks a fused wgrad kernel: the gradients are the same, Level 0 runs it
+    assert levels(plan_for(tmp_path, provide_guarded("self.gradient_accumulation_fusion"))) == ["L0"]
+
+
+def test_verls_standalone_scripts_are_not_its_rl_job(tmp_path):
+    # a checkpoint-merger CLI under verl's scripts/ that calls Bridge's training loop: users run it by hand, the
+    # procedure's run never does
+    verl = dict(VERL_FILES)
+    verl["scripts/merger.py"] = ("from megatron.bridge.training.train import train\n\n\n"
+                                 "def main(model):\n    train(model, 1)\n")
+    change = edit(B + "training/train.py", "model.step()", "model.step(step)")
+    assert levels(plan_for(tmp_path, change, verl_files=verl)) == []
+
+
+def _norm_mapping_of_olmoe() -> dict[str, str]:
+    # a mapping class in shared conversion code that only the OLMoE (MoE) family's bridge registers
+    base = dict(BRIDGE_BASE)
+    base[MAPPING] = textwrap.dedent(base[MAPPING]) + (
+        "\n\nclass ZeroCenteredNormMapping(MegatronParamMapping):\n"
+        "    def hf_to_megatron(self, weights):\n"
+        "        return weights\n")
+    base[OLMOE] = textwrap.dedent(base[OLMOE]).replace(
+        "import AutoMapping, ExpertMapping", "import AutoMapping, ExpertMapping, ZeroCenteredNormMapping").replace(
+        "return [AutoMapping(), ExpertMapping()]", "return [AutoMapping(), ExpertMapping(), ZeroCenteredNormMapping()]")
+    return base
+
+
+def test_shared_code_only_one_familys_bridge_uses_serves_that_family(tmp_path):
+    base = _norm_mapping_of_olmoe()
+    change = {MAPPING: base[MAPPING].replace("class ZeroCenteredNormMapping(MegatronParamMapping):\n"
+                                             "    def hf_to_megatron(self, weights):\n        return weights",
+                                             "class ZeroCenteredNormMapping(MegatronParamMapping):\n"
+                                             "    def hf_to_megatron(self, weights):\n        return weights - 1")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]  # a MoE family's conversion: every model of it is MoE
+    fams, _ = next(e for e in plan.entries if e.key == "L4:moe").justified_by()
+    assert fams == ["OlmoeBridge"]
+    # the same edit in a mapping every family uses (the base class) is shared code: no family's features
+    shared = edit(MAPPING, "def hf_to_megatron(self, weights):\n    return weights",
+                  "def hf_to_megatron(self, weights):\n    return weights - 1")
+    assert "L4:moe" not in levels(plan_for(tmp_path / "shared", shared))
+
+
+def _new_family_reading_tp() -> dict[str, str]:
+    base = _with_family("newarch", "newarch_bridge", "NewArchBridge", (
+        "from megatron.core import parallel_state\n"
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='NewArchForCausalLM')\n"
+        "class NewArchBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.heads = hf_config.heads // parallel_state.get_tensor_model_parallel_world_size()\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n"))
+    return base
+
+
+def test_a_new_providers_own_parallel_code_offers_level2_as_a_follow_up(tmp_path):
+    new = {k: v for k, v in _new_family_reading_tp().items() if "newarch" in k or k == B + "models/__init__.py"}
+    plan = plan_for(tmp_path, new)
+    assert levels(plan) == ["L0"]
+    follow = next(e for e in plan.optional if e.key == "L2d")
+    assert follow.reasons[0].rule == "new-provider-parallel-follow-up"
+    # the same line changed in an existing family: parallel stress is required
+    base = _new_family_reading_tp()
+    rel = B + "models/newarch/newarch_bridge.py"
+    changed = {rel: base[rel].replace("hf_config.heads //", "hf_config.num_heads //")}
+    assert "L2d" in levels(plan_for(tmp_path / "existing", changed, base=base))
+
+
+def test_quantization_in_a_layer_spec_is_qat_not_quantized_weights(tmp_path):
+    # a layer spec the provider build runs that swaps in quantized modules: ModelOpt's quantized layers (QAT)
+    base = dict(BRIDGE_BASE)
+    base[GPT] = textwrap.dedent(base[GPT]).replace(
+        "class GPTModelProvider:",
+        "def quantization_layer_spec(config):\n    return config\n\n\nclass GPTModelProvider:").replace(
+        "return object()", "return quantization_layer_spec(self)")
+    change = {GPT: base[GPT].replace("def quantization_layer_spec(config):\n    return config",
+                                     "def quantization_layer_spec(config):\n"
+                                     "    return config.quant_modules if config.quantize else config")}
+    assert levels(plan_for(tmp_path, change, base=base)) == ["L0", "L4:qat"]
+
+
+def test_a_new_providers_own_layer_module_reading_tp_keeps_level2_required(tmp_path):
+    # a new family whose own attention module divides by the TP size: custom layer behaviour that only a TP run
+    # exercises, not the provider's config read under parallel sizes (that one is a follow-up)
+    base = _with_family("newarch", "newarch_bridge", "NewArchBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.newarch.newarch_layers import newarch_layer_spec\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='NewArchForCausalLM')\n"
+        "class NewArchBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = newarch_layer_spec\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n"))
+    base[B + "models/newarch/newarch_layers.py"] = (
+        "from megatron.core import parallel_state\n"
+        "from megatron.core.transformer.attention import SelfAttention\n"
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n\n\n"
+        "class NewArchAttention(SelfAttention):\n"
+        "    def forward(self, hidden_states):\n"
+        "        heads = self.config.num_attention_heads // parallel_state.get_tensor_model_parallel_world_size()\n"
+        "        return hidden_states * heads\n\n\n"
+        "def newarch_layer_spec(config):\n"
+        "    return ModuleSpec(module=NewArchAttention)\n")
+    new = {k: v for k, v in base.items() if "newarch" in k or k == B + "models/__init__.py"}
+    plan = plan_for(tmp_path, new)
+    assert "L2d" in levels(plan), [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
+    assert "L2d" not in [e.key for e in plan.optional]

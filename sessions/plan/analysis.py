@@ -253,6 +253,14 @@ def _callers_feature(index: BridgeIndex, unit: Unit) -> dict[str, list[str]]:
     return {f: [u.name for u in callers] for f in sorted(common or ())}
 
 
+def _builds_layers(index: BridgeIndex, unit: Unit) -> bool:
+    """A layer spec function, or a layer module (or its method)."""
+    if unit.kind == "function" and plan_features.is_spec_function(unit.node):
+        return True
+    cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else unit if unit.kind == "class" else None
+    return cls is not None and isinstance(cls.node, ast.ClassDef) and plan_features.is_layer_class(cls.node)
+
+
 def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,
               cache: dict, added_by_file: dict[str, set[int]], verl_calls: bool = False
               ) -> tuple[dict[str, list[str]], list[dict]]:
@@ -275,8 +283,17 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         # (a function verl calls itself is no helper of its Bridge callers' features: verl is a caller too)
         for f, callers in _callers_feature(index, unit).items():
             touched.add(f, f"called only from {f} code: {', '.join(callers[:2])}")
+    if "quantized" in touched.by_feature and _builds_layers(index, unit):
+        # quantization in the code that builds layers (a layer spec swapping in quantized modules, a layer
+        # module) is ModelOpt's quantized layers (QAT), not quantized checkpoint weights moved in or out
+        for what in touched.by_feature.pop("quantized"):
+            touched.add("qat", f"{what} (in layer construction)")
     served = []
     shared_layer = plan_features.is_shared_layer(index, unit)  # its families' layer specs build it
+    key = unit.cls if unit.kind == "method" and unit.cls else unit.key
+    # shared-folder code only family code uses is those families' own code (a mapping class one bridge registers)
+    users = plan_features.family_users(index, key) if plan_features.folder_of(unit.file) is None \
+        and not shared_layer else set()
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]
         span = set(range(bridge.start, bridge.end + 1)) & plan_reach.code_lines(index._text(bridge.file) or "")
@@ -285,8 +302,10 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
             "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
             or shared_layer,
-            "own": fam.folder == plan_features.folder_of(unit.file),  # else it calls into another family's code
-            "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units),
+            "own": fam.folder == plan_features.folder_of(unit.file) or bool(users & fam.units),
+            # (else it calls into another family's code)
+            "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units)
+            or bool(users & fam.config_units),
             "builds": {f: fam.builds.by_feature[f][:3] for f in fam.builds.features()},
             "layer_reads": sorted(set(targets) & fam.layer_reads)})
     return touched.by_feature, served

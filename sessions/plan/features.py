@@ -335,12 +335,12 @@ def _class_own(unit: Unit) -> list[ast.AST]:
 def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[FamilyModel]]) -> list[FamilyModel]:
     """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it): the
     bridges of its folder that reach it, and bridges of other model folders whose code calls into it (Gemma 4 VL
-    building Gemma 4's attention)."""
+    building Gemma 4's attention). Shared-folder code that only family code uses serves those families."""
     folder = folder_of(unit.file)
     key = unit.cls if unit.kind == "method" and unit.cls else unit.key
-    if folder is None:
-        if not is_shared_layer(index, unit):
-            return []
+    if folder is not None:
+        return _serving_family_code(index, unit, key, cache)
+    if is_shared_layer(index, unit):
         # a layer module Bridge defines in shared model code (a TE linear with a fused norm): the families whose
         # own layer specs build it
         hits = []
@@ -348,6 +348,17 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
             other = folder_of(index.units[bridge].file)
             hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits] if other else []
         return hits
+    hits = []
+    for u in sorted(family_users(index, key)):
+        user = index.units[u]
+        hits += [f for f in _serving_family_code(index, user, user.cls if user.kind == "method" and user.cls else u,
+                                                 cache) if f not in hits]
+    return hits
+
+
+def _serving_family_code(index: BridgeIndex, unit: Unit, key: str, cache: dict[str, list[FamilyModel]]
+                         ) -> list[FamilyModel]:
+    folder = folder_of(unit.file)
     hits = [f for f in _families(index, folder, cache) if unit.key in f.units or key in f.units]
     if not hits and unit.kind == "module":
         hits = [f for f in cache[folder] if any(k.split(":", 1)[0] == unit.module for k in f.units)]
@@ -356,6 +367,48 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
         if other and other != folder:
             hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits]
     return hits
+
+
+def family_users(index: BridgeIndex, key: str, seen: frozenset[str] = frozenset()) -> set[str]:
+    """The family-code units that use `key` when every use of it ends in family code, through shared code that
+    only family code uses (empty otherwise). A base class the families derive from is shared framework code: only
+    references (calls, registrations) count as uses."""
+    unit = index.units.get(key)
+    if unit is None or unit.kind == "module" or key in seen:
+        return set()
+    _load_all(index)  # a use may sit in any module
+    users = {u for u in _referrers(index).get(key, ()) if index.units[u].cls != key and u != key}
+    out: set[str] = set()
+    for u in users:
+        user = index.units[u]
+        if folder_of(user.file) is not None:
+            out.add(u)
+            continue
+        via = family_users(index, user.cls if user.kind == "method" and user.cls else u, seen | {key})
+        if not via:
+            return set()
+        out |= via
+    return out
+
+
+def _load_all(index: BridgeIndex) -> None:
+    if not getattr(index, "_all_loaded", False):
+        for m in list(index.modules.files):
+            index.modules.get(m)
+        index._all_loaded = True
+
+
+def _referrers(index: BridgeIndex) -> dict[str, set[str]]:
+    """unit key → the units whose code references it (no base-class relations, no module tables)."""
+    cached = getattr(index, "_referrers_cache", None)
+    if cached is not None and cached[0] == len(index.units):
+        return cached[1]
+    out: dict[str, set[str]] = {}
+    for u in list(index.units.values()):
+        for r in u.refs:
+            out.setdefault(r, set()).add(u.key)
+    index._referrers_cache = (len(index.units), out)
+    return out
 
 
 def is_shared_layer(index: BridgeIndex, unit: Unit) -> bool:

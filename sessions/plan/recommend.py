@@ -241,7 +241,8 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
         hits += topic_hits(rule, list(u.words["code"]), rule.code_topics or rule.topics)
     if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in):
         hits += topic_hits(rule, list(u.edited), rule.code_topics or rule.topics)
-    if u.tier == "calls" and rule.sets_in and not u.new and _matches(u.file, rule.sets_in):
+    new_family = bool(u.served) and all(f["new"] for f in u.served)
+    if u.tier == "calls" and rule.sets_in and not (u.new or new_family) and _matches(u.file, rule.sets_in):
         # a field an existing provider now sets differently (a new one's defaults are Level 0's); anywhere verl
         # calls, what a parameter's gradient state is set to (`p.requires_grad = False`, `p.main_grad = ...`)
         sets = [s for s in u.sets if not plan_features.FLAG.match(s)
@@ -289,7 +290,13 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
         return {}
     if u.only_moved:
         return {}  # an import moved (deferred into the function): placement, no feature's behaviour
-    out: dict[str, list[str]] = {f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
+    # code only new families serve: what it involves is those families' features (read from their code), not the
+    # words of its lines (a new mapping's boilerplate `maybe_dequantize` call is no quantized-weight support)
+    new_only = u.tier in ("calls", "api") and bool(u.served) and all(f["new"] and f.get("own", True)
+                                                                     for f in u.served)
+    out: dict[str, list[str]] = {} if new_only else {
+        f: [f"changed code: {', '.join(facts[:4])}"] for f, facts in u.touched.items()}
+    takes: list[dict[str, tuple[str, list[str]]]] = []
     # a text-only family of its own folder runs the changed code too (Step 3.5's decoder layer, which Step 3.7's VL
     # model also builds): a text-only run exercises it, being a VL family's code does not make it vision code
     text_family = u.tier in ("calls", "api") and any(
@@ -300,7 +307,12 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
         builds = fam.get("builds", {})
         take: dict[str, tuple[str, list[str]]] = {}
         if fam["new"] and own:
-            take.update({f: (f"{fam['family']} is new and has {f}", facts) for f, facts in feats.items()})
+            # what a new family builds (its bridge and provider: the HF config and weights it maps), and its own
+            # layers; a modelling file it shares with siblings that forwards a sibling's feature (an MTP block
+            # spec handed on) is no part the new family builds
+            take.update({f: (f"{fam['family']} is new and builds {f}", facts) for f, facts in builds.items()})
+            if "custom-layer" in feats:
+                take["custom-layer"] = (f"{fam['family']} is new and has its own layers", feats["custom-layer"])
         if "vlm" in feats and own and not text_family:
             take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
         if own and fam.get("config") and u.tier == "calls" and u.entries and not u.passes_through:
@@ -326,6 +338,13 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             take.setdefault("custom-layer", (
                 f"the change sets {', '.join(fam['layer_reads'][:3])}, read by {fam['family']}'s own layer modules",
                 feats.get("custom-layer") or []))
+        takes.append(take)
+    if u.family is None and takes:
+        # shared-folder code that only family code uses: a feature of the whole model counts when every family
+        # running the code has it (a mapping class every family registers is no MoE code because some are MoE)
+        common = set.intersection(*(set(t) for t in takes))
+        takes = [{f: v for f, v in t.items() if f in common} for t in takes]
+    for take in takes:
         for f, (why, facts) in take.items():
             out.setdefault(f, []).append(f"{why}: {', '.join(facts[:2])}" if facts else why)
     return out
@@ -335,6 +354,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
 # side. Any change to such a family's bridge or provider involves them. MTP, quantized weights, ModelOpt and
 # custom layers are parts of a model: a change involves them only where it touches them.
 WHOLE_MODEL = ("moe", "vlm")
+# Level 2 variant → the follow-up rule that offers it for a new provider's own parallel code
+NEW_FAMILY_FOLLOW_UP = {"dense": "new-provider-parallel-follow-up", "moe": "moe-ep-follow-up"}
 WEIGHT_IMPORT = ("load hf weights", "load weights", "hf to megatron", "import ckpt", "import hf")
 
 
@@ -393,9 +414,15 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
                 continue  # Level 4 comes from the families' features (involved_features)
             if rule.level == 1 and new_family_only:
                 continue  # a new family's own save/export hooks: every family has them; L1 is for changes to them
-            if rule.name == "dispatcher" and new_family_only:
-                continue  # a new provider's dispatcher setting: its EP run is a follow-up (the moe-ep-follow-up)
             hits = parallel.get(rule.name, []) if rule.level == 2 else _fires(rule, u)
+            if rule.level == 2 and new_family_only and not any(f.get("layer") for f in u.served):
+                # a new provider's own config/conversion code under parallel sizes: the procedure keeps parallel
+                # stress a follow-up for it ("Gardez ceux-ci comme des runs de suivi"); offered, not required.
+                # Its own layer modules reading TP/PP state are custom layer behaviour only a parallel run runs.
+                if hits:
+                    add(plan_rules.BY_NAME[NEW_FAMILY_FOLLOW_UP[rule.variant]], [u.file],
+                        [{**u.to_json(), "matched": sorted(set(hits))[:8]}])
+                continue
             if rule.level == 5 and weights_only:
                 # only verl's weight import/export runs it: moving weights computes no loss or gradient; what it
                 # sets on the parameters it loads (`p.requires_grad = False`) still decides their gradients

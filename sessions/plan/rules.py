@@ -88,6 +88,10 @@ RULES: tuple[Rule, ...] = (
     Rule("moe-ep-follow-up", 2, "MoE involved: an EP=2 run stresses expert-parallel routing", variant="moe",
          optional="the procedure asks for an expert-parallel run when expert layout, dispatcher, router replay or "
                   "expert TP change, and keeps it a follow-up otherwise"),
+    Rule("new-provider-parallel-follow-up", 2, "a new provider's own code reads or sets parallel sizes: a "
+         "TP/PP run stresses it", variant="dense",
+         optional="the procedure keeps parallel stress runs a follow-up for a new provider, never its first "
+                  "debugging surface"),
     Rule("peft-learning", 5, "PEFT changed: whether adapters still learn is shown only by a learning-signal run",
          optional="Level 5 is for PEFT trainability; this change does not name it, so whether it matters is "
                   "arguable"),
@@ -148,13 +152,19 @@ RULES: tuple[Rule, ...] = (
                  "clip grad", "adam", "get megatron optimizer")),
     Rule("scheduler", 5, "learning-rate scheduler changed", topics=("scheduler", "lr decay", "lr warmup")),
     Rule("loss", 5, "loss changed: actor/critic losses must stay finite and move",
-         topics=("loss", "losses", "cross entropy"), sets_in=PARALLEL_CODE),
+         topics=("loss", "losses", "cross entropy"), sets_in=PARALLEL_CODE,
+         unless=("moe",)),  # a MoE router's auxiliary loss settings are the router's (Level 4 MoE)
+    Rule("router-aux-loss", 5, "a MoE router's auxiliary (load-balancing) loss setting changed",
+         topics=("aux loss", "z loss"), sets_in=PARALLEL_CODE,
+         optional="an auxiliary loss balances the router rather than the training objective (the MoE run checks "
+                  "the router); whether it moves the learning signal under verl is arguable"),
     Rule("reward", 5, "reward computation changed", topics=("reward", "rewards")),
     Rule("peft-trainability", 5, "PEFT trainability changed: adapters must stay trainable (non-zero trainable "
          "parameters, non-frozen LoRA)", topics=("requires grad", "freeze", "frozen", "trainable", "unfreeze"),
          within="peft"),
     Rule("gradient-flow", 5, "gradient flow changed: no repeated zero grad norms, detached or frozen parameters",
-         topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=(SRC + "*",)),
+         topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=(SRC + "*",),
+         unless=("fusion", "fused")),  # a fused kernel for the same gradients (gradient_accumulation_fusion)
 )
 
 BY_NAME = {r.name: r for r in RULES}

@@ -2,7 +2,7 @@
 (where, and whether the import is lazy inside a function) and the attribute names verl's code uses (the methods it
 may call on the Bridge objects it builds: `bridge.export_hf_weights(...)`, `provider.finalize()`).
 
-Only verl's own package and its scripts count; its tests do not run in a user's RL job. Nothing is imported or run.
+Only what verl's RL job runs counts: not its tests, nor its standalone command-line scripts. Nothing is imported or run.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ BRIDGE_PACKAGE = "megatron.bridge"
 VANILLA_WORDS = ("vanilla",)
 NO_PROVIDER = "provider"
 SKIPPED_DIRS = {"tests", "test", "docs", ".git", "__pycache__", "build", "dist", ".venv", "venv"}
+# top-level folders of standalone command-line tools (a checkpoint merger, a converter) that users run by hand:
+# verl's RL job (the procedure's run_ppo_trainer_megatron.sh → verl.trainer) never runs them
+OFFLINE_TOOLS = {"scripts"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ def _python_files(root: Path):
         rel = path.relative_to(root)
         if any(part in SKIPPED_DIRS or part.startswith(".") for part in rel.parts[:-1]):
             continue
+        if len(rel.parts) > 1 and rel.parts[0] in OFFLINE_TOOLS:
+            continue
         yield path, rel.as_posix()
 
 
@@ -94,7 +99,7 @@ def _vanilla_only(tree: ast.AST) -> set[int]:
 
 
 def read_surface(verl_repo: Path | str) -> VerlSurface:
-    """Every `megatron.bridge` import in verl (package and scripts, not tests), and the attribute names used by the
+    """Every `megatron.bridge` import in verl (the package, not its tests or scripts), and the attribute names used by the
     verl files that handle Bridge objects: those importing `megatron.bridge`, and those importing such a file
     (verl re-exports AutoBridge from verl.models.mcore). Other files' attributes (a `.prepare_data` in a data
     utility) say nothing about Bridge."""
