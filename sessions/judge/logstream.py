@@ -388,7 +388,8 @@ class HardWrapJoined(io.RawIOBase):
 # A log that went through a paste or a collector before it reached us can have every line behind one more prefix: a
 # quote marker (a GitHub comment's or a mail's `> `, a chat export), a Markdown code block's four-space indent, a
 # container runtime's record header (`<RFC 3339 time> stdout F `), `kubectl logs --prefix`'s `[pod/name/container] `,
-# a viewer's line numbers. Then `^Traceback`, an exception line's start, a frame's indentation and the Ray prefix are
+# journald's and `docker compose logs`' line heads, a bare clock, a viewer's line numbers; or the text is a web page's
+# source (HTML entities). Then `^Traceback`, an exception line's start, a frame's indentation and the Ray prefix are
 # all one prefix away. Such a file shows it in its head (nearly every line has it); it is read with the prefix taken
 # off each line, by one C-level substitution per block; a file can have two (a quoted, indented block).
 PASTE_SHARE = 0.8  # of the head's non-empty lines
@@ -421,13 +422,13 @@ HTML_ENTITIES = ((rb"&quot;", b'"'), (rb"&lt;", b"<"), (rb"&gt;", b">"), (rb"&#0
 PASTE_RES["html"] = (None, tuple((re.compile(rx), repl) for rx, repl in HTML_ENTITIES))
 HTML_MIN_ENTITIES = 3
 BOM = b"\xef\xbb\xbf"
+LINE_NUMBER_RE = re.compile(rb"^ *(\d{1,7})")
 
 
 def _html_escaped(head: bytes) -> bool:
     """More `&quot;` / `&lt;` / `&gt;` / `&#39;` than the characters they stand for: a web page's source."""
     escaped = sum(map(head.count, (b"&quot;", b"&lt;", b"&gt;", b"&#39;", b"&#039;", b"&#x27;")))
     return escaped >= HTML_MIN_ENTITIES and escaped > sum(map(head.count, (b'"', b"<", b">", b"'")))
-LINE_NUMBER_RE = re.compile(rb"^ *(\d{1,7})")
 
 
 def paste_prefixes(head: bytes, whole: bool) -> list[str]:
