@@ -40,7 +40,8 @@ def main() -> int:
                 if (a.result, a.category, a.steps_completed) != (b.result, b.category, b.steps_completed):
                     changed.append(f"    {path.name}: {a.result}/{a.category} -> {b.result}/{b.category}")
             print(f"{name:13s} {len(changed):3d} of {len(logs)} verdicts changed")
-            print("\n".join(changed[:3]))
+            if changed:
+                print("\n".join(changed[:3]))
     return 0
 
 

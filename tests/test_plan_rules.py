@@ -883,16 +883,20 @@ def test_a_parameter_handed_on_involves_no_feature_of_the_family(tmp_path):
     assert unit.tier == "calls" and unit.passes_through
 
 
+# the HF weight import hiding the loss modules while it loads (old text, new text of model_bridge.py)
+HIDE_LOSS_MODULES = ("def load_weights_hf_to_megatron(self, model, weights):\n"
+                     "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
+                     "def load_weights_hf_to_megatron(self, model, weights):\n"
+                     "    if hasattr(model[0], 'hide_loss_modules'):\n"
+                     "        model[0].hide_loss_modules()\n"
+                     "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)")
+
+
 def test_weight_import_path_changes_no_loss(tmp_path):
     # the HF weight import hides the loss modules while it loads: only verl's weight load runs the line, and moving
     # weights computes no loss or gradient, so Level 5 is not for it (the words of a name say nothing)
     bridge = B + "models/conversion/model_bridge.py"
-    change = edit(bridge, "def load_weights_hf_to_megatron(self, model, weights):\n"
-                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
-                  "def load_weights_hf_to_megatron(self, model, weights):\n"
-                  "    if hasattr(model[0], 'hide_loss_modules'):\n"
-                  "        model[0].hide_loss_modules()\n"
-                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)")
+    change = edit(bridge, *HIDE_LOSS_MODULES)
     plan = plan_for(tmp_path, change)
     assert levels(plan) == ["L0"], [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
     unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
@@ -946,12 +950,7 @@ def test_weight_import_also_run_by_the_provider_build_changes_no_loss(tmp_path):
                 "self._model_bridge.load_weights_hf_to_megatron(None, None)\nreturn provider")
     full = {**BRIDGE_BASE, **base}
     bridge = B + "models/conversion/model_bridge.py"
-    change = edit(bridge, "def load_weights_hf_to_megatron(self, model, weights):\n"
-                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)",
-                  "def load_weights_hf_to_megatron(self, model, weights):\n"
-                  "    if hasattr(model[0], 'hide_loss_modules'):\n"
-                  "        model[0].hide_loss_modules()\n"
-                  "    for mapping in self.mapping_registry():\n        mapping.hf_to_megatron(weights)", base=full)
+    change = edit(bridge, *HIDE_LOSS_MODULES, base=full)
     plan = plan_for(tmp_path, change, base=full)
     unit = next(u for u in plan.units if u.name == "MegatronModelBridge.load_weights_hf_to_megatron")
     assert "AutoBridge.to_megatron_provider" in unit.entries

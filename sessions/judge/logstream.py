@@ -341,16 +341,42 @@ def join_hard_wrapped(lines: Iterable[bytes], width: int) -> Iterator[bytes]:
     yield from joiner.flush()
 
 
-class HardWrapJoined(io.RawIOBase):
-    """A binary file read through a HardWrapJoiner (a raw stream: read_chunks's readinto, or buffered as text)."""
+class BlockTransformed(io.RawIOBase):
+    """A binary file read a block at a time through a text transformation (a raw stream: read_chunks's readinto,
+    or buffered as text); `_read_block` adds the next transformed bytes to `out` and sets `eof` at the end."""
 
-    def __init__(self, handle, width: int):
+    def __init__(self, handle):
         super().__init__()
         self.handle = handle
-        self.joiner = HardWrapJoiner(width)
         self.out = bytearray()
         self.rest = b""  # the partial last line of the blocks read so far
         self.eof = False
+
+    def _read_block(self) -> None:
+        raise NotImplementedError
+
+    def readinto(self, view) -> int:
+        while len(self.out) < len(view) and not self.eof:
+            self._read_block()
+        n = min(len(view), len(self.out))
+        view[:n] = self.out[:n]
+        del self.out[:n]
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.handle.close()
+        super().close()
+
+
+class HardWrapJoined(BlockTransformed):
+    """A binary file read through a HardWrapJoiner."""
+
+    def __init__(self, handle, width: int):
+        super().__init__(handle)
+        self.joiner = HardWrapJoiner(width)
 
     def _read_block(self) -> None:
         block = self.handle.read(WRAP_BLOCK)
@@ -367,21 +393,6 @@ class HardWrapJoined(io.RawIOBase):
             self.out += b"\n".join(last)
             if last and not self.rest:
                 self.out += b"\n"
-
-    def readinto(self, view) -> int:
-        while len(self.out) < len(view) and not self.eof:
-            self._read_block()
-        n = min(len(view), len(self.out))
-        view[:n] = self.out[:n]
-        del self.out[:n]
-        return n
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.handle.close()
-        super().close()
 
 
 # -- prefixed pastes -----------------------------------------------------------------------------------------------
@@ -437,14 +448,13 @@ def paste_prefixes(head: bytes, whole: bool) -> list[str]:
     found: list[str] = []
     if _html_escaped(head):
         found.append("html")
-        for regex, repl in PASTE_RES["html"][1]:
-            head = regex.sub(repl, head)
+        head = without_layer("html", head)
     for _ in range(2):
         lines = head.split(b"\n")
         if not whole:
             lines.pop()  # partial
         lines = [line for line in lines if line.strip()]
-        for name, (start, subs) in PASTE_RES.items():
+        for name, (start, _) in PASTE_RES.items():
             if start is None:
                 continue
             marked = [line for line in lines if start.match(line)]
@@ -453,8 +463,7 @@ def paste_prefixes(head: bytes, whole: bool) -> list[str]:
             if name == "line-number" and not _counting(marked):
                 continue  # srun's `0: ` labels, a rank per line: not a viewer's numbers
             found.append(name)
-            for regex, repl in subs:
-                head = regex.sub(repl, head)
+            head = without_layer(name, head)
             break
         else:
             return found
@@ -466,47 +475,30 @@ def _counting(lines: list[bytes]) -> bool:
     return sum(b == a + 1 for a, b in zip(numbers, numbers[1:], strict=False)) >= PASTE_SHARE * (len(numbers) - 1)
 
 
-class PrefixStripped(io.RawIOBase):
-    """A binary file read with a paste's prefix taken off each line (PASTE_PREFIXES' substitutions per block)."""
+def without_layer(name: str, data: bytes) -> bytes:
+    """`data` (whole lines) with the paste layer `name` taken off (PASTE_RES' substitutions, in order)."""
+    for regex, repl in PASTE_RES[name][1]:
+        data = regex.sub(repl, data)
+    return data
+
+
+class PrefixStripped(BlockTransformed):
+    """A binary file read with a paste's layer taken off each line (without_layer per block)."""
 
     def __init__(self, handle, name: str):
-        super().__init__()
-        self.handle = handle
-        self.subs = PASTE_RES[name][1]
-        self.out = bytearray()
-        self.rest = b""  # the partial last line of the blocks read so far
-        self.eof = False
-
-    def _stripped(self, block: bytes) -> bytes:
-        for regex, repl in self.subs:
-            block = regex.sub(repl, block)
-        return block
+        super().__init__(handle)
+        self.name = name
 
     def _read_block(self) -> None:
         block = self.rest + self.handle.read(WRAP_BLOCK)
         if len(block) == len(self.rest):  # the end
             self.eof = True
-            self.out += self._stripped(block)
+            self.out += without_layer(self.name, block)
             self.rest = b""
             return
         cut = block.rfind(b"\n") + 1
-        self.out += self._stripped(block[:cut])
+        self.out += without_layer(self.name, block[:cut])
         self.rest = block[cut:]
-
-    def readinto(self, view) -> int:
-        while len(self.out) < len(view) and not self.eof:
-            self._read_block()
-        n = min(len(view), len(self.out))
-        view[:n] = self.out[:n]
-        del self.out[:n]
-        return n
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.handle.close()
-        super().close()
 
 
 def open_log(path: str | os.PathLike[str]):
@@ -520,8 +512,7 @@ def open_log(path: str | os.PathLike[str]):
     head = head[skip:]
     for name in paste_prefixes(head, whole) if b"\n" in head else ():
         handle = PrefixStripped(handle, name)
-        for regex, repl in PASTE_RES[name][1]:
-            head = regex.sub(repl, head)
+        head = without_layer(name, head)
     width = hard_wrap_width(head, whole) if b"\n" in head else None
     return handle if width is None else HardWrapJoined(handle, width)
 

@@ -257,8 +257,7 @@ def _builds_layers(index: BridgeIndex, unit: Unit) -> bool:
     """A layer spec function, or a layer module (or its method)."""
     if unit.kind == "function" and plan_features.is_spec_function(unit.node):
         return True
-    cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else unit if unit.kind == "class" else None
-    return cls is not None and isinstance(cls.node, ast.ClassDef) and plan_features.is_layer_class(cls.node)
+    return plan_features.is_layer_unit(index, unit)
 
 
 def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, targets: list[str], tier: str,

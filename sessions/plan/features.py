@@ -398,16 +398,26 @@ def _load_all(index: BridgeIndex) -> None:
         index._all_loaded = True
 
 
-def _referrers(index: BridgeIndex) -> dict[str, set[str]]:
-    """unit key → the units whose code references it (no base-class relations, no module tables)."""
-    cached = getattr(index, "_referrers_cache", None)
+def _per_index(index: BridgeIndex, name: str, build):
+    """build(index), kept on the index until it holds more units (its modules load lazily)."""
+    cached = getattr(index, name, None)
     if cached is not None and cached[0] == len(index.units):
         return cached[1]
+    value = build(index)
+    setattr(index, name, (len(index.units), value))
+    return value
+
+
+def _referrers(index: BridgeIndex) -> dict[str, set[str]]:
+    """unit key → the units whose code references it (no base-class relations, no module tables)."""
+    return _per_index(index, "_referrers_cache", _build_referrers)
+
+
+def _build_referrers(index: BridgeIndex) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for u in list(index.units.values()):
         for r in u.refs:
             out.setdefault(r, set()).add(u.key)
-    index._referrers_cache = (len(index.units), out)
     return out
 
 
@@ -415,6 +425,11 @@ def is_shared_layer(index: BridgeIndex, unit: Unit) -> bool:
     """A layer module (or its method) of Bridge's shared model code: Bridge's own layer behaviour, not Megatron-Core's."""
     if not unit.file.startswith(plan_rules.MODELS) or folder_of(unit.file) is not None:
         return False
+    return is_layer_unit(index, unit)
+
+
+def is_layer_unit(index: BridgeIndex, unit: Unit) -> bool:
+    """A layer module, or a method of one."""
     cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else unit if unit.kind == "class" else None
     return cls is not None and isinstance(cls.node, ast.ClassDef) and is_layer_class(cls.node)
 
@@ -444,9 +459,10 @@ def _bridges_using(index: BridgeIndex, key: str) -> list[str]:
 
 def _users(index: BridgeIndex) -> dict[str, set[str]]:
     """unit key → the units that reference it (a method: its class; a table's entries: who reads the table)."""
-    cached = getattr(index, "_users_cache", None)
-    if cached is not None and cached[0] == len(index.units):
-        return cached[1]
+    return _per_index(index, "_users_cache", _build_users)
+
+
+def _build_users(index: BridgeIndex) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for u in list(index.units.values()):
         for r in u.refs | set(u.bases):
@@ -458,5 +474,4 @@ def _users(index: BridgeIndex) -> dict[str, set[str]]:
             info = index.modules.get(mod)
             for r in (info.table_refs.get(name, ()) if info else ()):
                 out.setdefault(r, set()).add(u.key)
-    index._users_cache = (len(index.units), out)
     return out
