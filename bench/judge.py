@@ -9,9 +9,11 @@ the worker's OOM line without a traceback header, the driver's Hydra/RayTaskErro
 chatter goes on until the file has its size), then measures in the same run, each in a fresh process:
 - ours: `invoke judge --log F --json` (process start included): wall, CPU (user+sys), peak RSS;
 - grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
-Three more placements: `real` (the shared real logs, repeated to the size, each copy's digits renumbered so that
-lines with numbers do not repeat byte for byte: see digit_permutation), `real-pass` (only the passing ones: a
-long healthy run's content), `metrics` (a metrics line per step) and `storm` (half the file trains, then every
+More placements: `real` (the shared real logs, repeated to the size, each copy's digits renumbered so that
+lines with numbers do not repeat byte for byte: see digit_permutation), `real-pass` (only the passing ones; both
+are a hundred thousand short runs end to end: every copy restarts its steps and repeats its start-up facts),
+`real-long` (one long healthy run: the step sections of the real passing logs in turn, steps counting on: see
+build_real_long), `metrics` (a metrics line per step) and `storm` (half the file trains, then every
 rank's NCCL watchdog, ERROR and frame lines, each distinct, to the end).
 It prints the figures, the ratios (target: <= 2x grep CPU and wall, <= 64 MiB RSS) and whether the verdict and the
 first error are the same in all three placements.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,6 +129,64 @@ def build_real(path: Path, size_mib: int, passing_only: bool = False) -> int:
     return 0
 
 
+STEP_NUMBER = re.compile(rb"(?<![\w/])(step:|training/global_step:)(\d+)")
+VALIDATION_ONLY = re.compile(rb"step:\d+ - val[\w-]*/")
+BAR_COUNT = re.compile(rb"(\| ?)\d+/\d+( \[)")
+PLANNED = re.compile(rb"(Total training steps: |'total_training_steps': |TOTAL_TRAIN_STEPS=|total_training_steps=)-?\d+")
+
+
+def long_run_parts(path: Path) -> tuple[bytes, bytes, bytes, int] | None:
+    """A real passing log as (head, body, tail, steps): the body runs from the line after the one before its first
+    step line to its last step line (what a run repeats per step: rollout, worker, vLLM and metrics lines)."""
+    lines = path.read_bytes().rstrip(b"\n").split(b"\n")
+    steps = [i for i, line in enumerate(lines) if STEP_NUMBER.search(line) and b" - " in line]
+    trained = sum(not VALIDATION_ONLY.search(lines[i]) for i in steps)
+    if trained < 2:
+        return None
+    first, last = steps[0], steps[-1]
+    join = lambda part: b"".join(line + b"\n" for line in part)  # noqa: E731
+    return join(lines[:first]), join(lines[first : last + 1]), join(lines[last + 1 :]), trained
+
+
+def build_real_long(path: Path, size_mib: int) -> int:
+    """One long healthy run made of real content: the head of the first real passing log with two or more step
+    lines, then the bodies of all of them in turn, repeated to the size with the step numbers counting on (each
+    body's `step:N`, `training/global_step:N` and tqdm `n/M`), then the first log's tail. The other digits are
+    renumbered per copy (digit_permutation); the planned totals in the head are set to the steps written."""
+    logs = sorted(REAL_LOGS.glob("*.log"))
+    with open(REAL_LOGS / "INDEX.tsv", encoding="utf-8") as index:
+        passing = {row[0] for row in (line.split("\t") for line in index.read().splitlines()[1:])
+                   if len(row) > 2 and row[2].strip().lower() == "pass"}
+    parts = [found for p in logs if p.name in passing and (found := long_run_parts(p)) is not None]
+    if not parts:
+        raise SystemExit(f"error: no passing real logs with two or more steps in {REAL_LOGS}")
+    head, _, tail, _ = parts[0]
+    cycle = sum(len(body) for _, body, _, _ in parts)
+    per_cycle = sum(n for _, _, _, n in parts)
+    copies = max(1, ((size_mib << 20) - len(head) - len(tail)) // cycle)
+    total = copies * per_cycle
+    step = 0
+
+    def renumbered(match: re.Match[bytes]) -> bytes:
+        return match.group(1) + str(step).encode()
+
+    with open(path, "wb") as out:
+        out.write(PLANNED.sub(lambda m: m.group(1) + str(total).encode(), head))
+        for copy in range(copies):
+            table = digit_permutation(copy)
+            for _, body, _, _ in parts:
+                for line in body.translate(table).split(b"\n")[:-1]:
+                    if STEP_NUMBER.search(line) and b" - " in line:
+                        step += not VALIDATION_ONLY.search(line)  # a validation line keeps its step's number
+                        line = STEP_NUMBER.sub(renumbered, line)
+                    elif b"Training Progress" in line or b"it/s]" in line or b"s/it]" in line:
+                        count = f"{step}/{total}".encode()
+                        line = BAR_COUNT.sub(lambda m, count=count: m.group(1) + count + m.group(2), line)
+                    out.write(line + b"\n")
+        out.write(tail)
+    return step
+
+
 def digit_permutation(copy: int) -> bytes:
     """A bytes.translate table that maps the digits 0-9 by the copy-th permutation (copy 0: unchanged).
 
@@ -217,9 +278,10 @@ def main() -> int:
     parser.add_argument("--dir", default="/tmp")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
     parser.add_argument("--runs", type=int, default=2, help="runs of each command (the best is reported)")
-    parser.add_argument("--placements", default="start,middle,end,real,real-pass,metrics,storm",
+    parser.add_argument("--placements", default="start,middle,end,real,real-pass,real-long,metrics,storm",
                         help="comma list of: start, middle, end (filler with an OOM), real (the shared real logs "
-                             "repeated), real-pass (only those labelled pass), metrics (a metrics line per step), "
+                             "repeated), real-pass (only those labelled pass), real-long (one long healthy run of real passing "
+                             "logs' step sections), metrics (a metrics line per step), "
                              "storm (half the file trains, then an error storm of distinct lines)")
     args = parser.parse_args()
     invoke = shutil.which("invoke", path=str(Path(sys.executable).parent)) or shutil.which("invoke")
@@ -235,6 +297,8 @@ def main() -> int:
         path = Path(args.dir) / f"verl-judge-bench-{placement}.log"
         if placement in ("real", "real-pass"):
             trained = build_real(path, args.size_mib, passing_only=placement == "real-pass")
+        elif placement == "real-long":
+            trained = build_real_long(path, args.size_mib)
         elif placement == "storm":
             trained = build_storm(path, args.size_mib)
         elif placement == "metrics":

@@ -285,3 +285,30 @@ def test_a_storm_whose_cap_falls_on_a_window_end_still_notes_the_unkept_lines(tm
     same_verdicts(path, 1 << 20)
     assert dropped and dropped[0] == 0, dropped  # nothing noted when the capped reading began
     assert any("not kept" in note for note in judge_log(path, chunk_size=1 << 20).limitations)
+
+
+def test_the_metrics_fast_path_reads_every_real_step_line_as_the_slow_path_does(monkeypatch):
+    """metrics_match's fast path (no decoding or normalising) takes plain metrics lines of both of verl's layouts:
+    the newer one naming `training/global_step`, the older one without it. On every step line of the real logs and
+    on the old layout's look-alikes (a validation-only last line, an ANSI code or a `[repeated Nx ...]` after the
+    step) the verdict is the one of the slow path (_line after normalise)."""
+    from sessions.judge import evidence as evidence_module
+
+    lines = [line for p in sorted(REAL_LOGS.glob("*.log")) for line in p.read_bytes().split(b"\n") if b"step:" in line]
+    lines += [TR + b"step:41 - actor/pg_loss:0.1 - critic/score/mean:0.5",  # old layout, plain
+              TR + b"step:42 - val/test_score/openai/gsm8k:0.31",  # old layout's validation-only last line
+              TR + b"step:43 - actor/pg_loss:\x1b[1m0.1\x1b[0m - critic/score/mean:0.5",
+              TR + b"step:44 - actor/pg_loss:0.1 - critic/score/mean:nan [repeated 2x across cluster]"]
+    taken = [line for line in lines if evidence_module.metrics_match(line) is not None]
+    assert any(b"training/global_step" not in line for line in taken), "the old layout takes the fast path"
+    assert not any(line.startswith(TR + b"step:4") and b"step:41" not in line for line in taken)
+
+    def judged() -> str:
+        ev = Evidence(5, None, None, None, None)
+        for line in lines:
+            ev.feed_bytes(line)
+        return json.dumps(decide(ev, level_rule=True).to_json(), sort_keys=True)
+
+    fast = judged()
+    monkeypatch.setattr(evidence_module, "metrics_match", lambda raw, step=None: None)
+    assert judged() == fast

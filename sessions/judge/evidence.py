@@ -160,11 +160,22 @@ _NO_MATCH_YET = object()
 def metrics_match(raw: bytes, step: re.Match[bytes] | None | object = _NO_MATCH_YET) -> re.Match[bytes] | None:
     """The `step:N - ` of a plain metrics line (N > 0, no tqdm redraw): feed_bytes's fast path takes it. `step`:
     step_line_match(raw) when the caller has it."""
-    if b"step:" in raw and b"\r" not in raw and b"training/global_step" in raw:
+    if b"step:" in raw and b"\r" not in raw:
         match = step_line_match(raw) if step is _NO_MATCH_YET else step
-        if match and int(match.group(1)) > 0:
+        if match and int(match.group(1)) > 0 and plain_metrics(raw, 0, match.end(), len(raw)):
             return match
     return None
+
+
+def plain_metrics(buf: bytes | bytearray, start: int, metrics: int, end: int) -> bool:
+    """Whether the step line buf[start:end], its metrics from `metrics` on, is one _step would read as a training
+    metrics line and normalise would not change: verl's newer layout names its global step; an older one (no
+    `training/global_step`) holds two `key:value` or more, starts with no validation key (the old format's
+    validation-only last line) and holds no ANSI code or `[repeated Nx across cluster]` after the step."""
+    if buf.find(b"training/global_step", start, end) != -1:
+        return True
+    return (buf.count(b":", metrics, end) >= 2 and buf.find(b"\x1b", metrics, end) == -1
+            and not buf.startswith(b"val", metrics) and not buf.endswith(b"]", metrics, end))
 
 
 def _kept_metrics(rest: str | bytes) -> str | bytes | dict[str, float]:

@@ -37,6 +37,7 @@ from sessions.judge.evidence import (
     Evidence,
     lasting,
     metrics_match,
+    plain_metrics,
 )
 from sessions.judge.literals import required_words
 from sessions.judge.logstream import (
@@ -587,12 +588,11 @@ class Skim:
             n = n if joinable is None else joinable.start()
             starts, ends = starts[:n], ends[:n]
             returns = map(find, repeat(b"\r"), starts, ends)  # metrics_match: no tqdm redraw ...
-            globals_ = map(find, repeat(b"training/global_step"), starts, ends)  # ... the global step ...
-            matches = map(STEP_SEARCH.search, repeat(buf), starts, ends)  # ... and `step:N - `
+            matches = map(STEP_SEARCH.search, repeat(buf), starts, ends)  # ... `step:N - ` ...
             nonfinite = self._nonfinite(buf, cut)
             taken = 0
-            for start, end, cr, glob, match in zip(starts, ends, returns, globals_, matches, strict=False):
-                if cr != -1 or glob == -1 or match is None:
+            for start, end, cr, match in zip(starts, ends, returns, matches, strict=False):
+                if cr != -1 or match is None or not plain_metrics(buf, start, match.end(), end):  # ... plain metrics
                     break
                 step = int(match.group(1))
                 if step <= last:
