@@ -152,7 +152,7 @@ class LastingLines:
     def line_starts(self, buf: bytearray, cut: int, dense: bool) -> tuple[list[int], list[int] | None, int]:
         """Dense: (sorted starts of the prefilter hit lines of buf[:cut] holding a lasting literal, the literals
         each holds as a bit mask, how many lines were checked against the prefilter). Else: (the starts of all
-        hit lines, None, 0): `holds_literal` tells, for those the reader does not take as metrics lines."""
+        hit lines, None, 0): `literal_mask` and `may_last` tell, for those the reader does not take as metrics lines."""
         if dense:
             starts, masks, unsure = self._by_literal(buf, cut)
             if not unsure:
@@ -166,17 +166,18 @@ class LastingLines:
         self.prefilter.line_starts(buf, cut, found)
         return sorted(found), None, 0
 
-    def holds_literal(self, line: bytes) -> bool:
-        """Whether the line holds a lasting literal: one Hyperscan scan stopped at the first (a loop of `in`
-        over the literals costs ~14x more on an error storm's lines)."""
+    def literal_mask(self, line: bytes) -> int:
+        """The lasting literals the line holds, as may_last's bit mask: one Hyperscan scan (a loop of `in` over the
+        literals costs ~14x more on an error storm's lines)."""
         database = self.literals.database
         if database is None:
-            return any(literal in line for literal in self.checked)
-        try:
-            database.scan(line, match_event_handler=_stop)
-        except hyperscan.ScanTerminated:
-            return True
-        return False
+            return sum(1 << i for i, literal in enumerate(self.kept) if literal in line)
+        ids: list[int] = []
+        database.scan(line, match_event_handler=lambda i, _f, _t, _fl, _c: ids.append(i))
+        mask = 0
+        for i in ids:
+            mask |= 1 << i
+        return mask
 
     def _by_literal(self, buf: bytearray, cut: int) -> tuple[list[int], list[int], list[int]]:
         """Starts of the lines holding a lasting literal and one of its condition literals, their literal masks
@@ -544,8 +545,9 @@ class Skim:
                 index, pos = self._metrics_run(buf, cut, candidates, index, nxt, bar)
                 self._new_region(pos)
                 continue
-            if match is None and (not self.lasting.may_last(line, mask, ev) if mask is not None
-                                  else unchecked and not self.lasting.holds_literal(line)):
+            if match is None and unchecked:
+                mask = self.lasting.literal_mask(line)
+            if match is None and mask is not None and not self.lasting.may_last(line, mask, ev):
                 self.wasted += unchecked  # a hit the dense way would not have looked at
                 continue
             if THREAD_BYTES in line:  # after it the skipped lines may matter for good (Evidence.skimmable)
