@@ -12,6 +12,7 @@ closing note); tests/test_real_logs.py holds the same scoring as a test on the s
 
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 from pathlib import Path
@@ -56,12 +57,25 @@ def numbered_half(odd: bool):
     return lambda row: row["file"][:2].isdigit() and int(row["file"][:2]) % 2 == int(odd)
 
 
-if __name__ == "__main__":
-    halves = "--halves" in sys.argv[1:]
-    for arg in [a for a in sys.argv[1:] if a != "--halves"] or ["../shared/real-logs"]:
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--halves", action="store_true",
+                        help="also score the odd (looked at) and even (never tuned on) numbered files apart")
+    parser.add_argument("folders", nargs="*", default=["../shared/real-logs"],
+                        help="folders of logs with an INDEX.tsv (default: ../shared/real-logs)")
+    args = parser.parse_args()
+    for arg in args.folders:
         folder = Path(arg)
+        if not (folder / "INDEX.tsv").is_file():
+            print(f"error: {folder} has no INDEX.tsv (a folder of logs in the layout of ../shared/real-logs)")
+            return 2
         verdicts = judged(folder)
-        score(folder, verdicts, show_misses=not halves)
-        if halves:
+        score(folder, verdicts, show_misses=not args.halves)
+        if args.halves:
             score(folder, verdicts, " (odd: looked at)", numbered_half(True))
             score(folder, verdicts, " (even: never tuned on)", numbered_half(False), show_misses=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
