@@ -70,3 +70,32 @@ def test_vllm_failing_to_inspect_the_architecture_in_init_model_is_the_rollout()
     whole = judge_lines(lines + ["ValueError: Model architectures ['Qwen2ForCausalLM'] failed to be inspected. "
                                  "Please check the logs for more details."])
     assert (whole.result, whole.category) == ("Fail", "rollout"), whole.category_evidence
+
+
+RAY_NAME_TAKEN = [  # verl 0.2/0.3's worker-group register center (verl/single_controller/base/register_center/ray.py)
+    "Traceback (most recent call last):",
+    '  File "/workspace/verl/verl/trainer/main_ppo.py", line 188, in main_task',
+    "    trainer.init_workers()",
+    '  File "/workspace/verl/verl/trainer/ppo/ray_trainer.py", line 613, in init_workers',
+    "    wg_dict = self.ray_worker_group_cls(resource_pool=resource_pool, ray_cls_with_init=worker_dict_cls)",
+    '  File "/workspace/verl/verl/single_controller/ray/base.py", line 203, in __init__',
+    "    self._init_with_resource_pool(resource_pool=resource_pool, ray_cls_with_init=ray_cls_with_init, bin_pack=bin_pack, detached=detached)",
+    '  File "/workspace/verl/verl/single_controller/ray/base.py", line 264, in _init_with_resource_pool',
+    "    register_center_actor = create_worker_group_register_center(name=self._name_prefix + \"_register_center\",",
+    '  File "/workspace/verl/verl/single_controller/base/register_center/ray.py", line 28, in '
+    "create_worker_group_register_center",
+    "    return WorkerGroupRegisterCenter.options(name=name).remote(info)",
+    '  File "/opt/conda/lib/python3.10/site-packages/ray/actor.py", line 1064, in _remote',
+    "    raise ValueError(",
+    "ValueError: The name a1b2C3_register_center (namespace=None) is already taken. Please use a different name or "
+    "get the existing actor using ray.get_actor('a1b2C3_register_center', namespace='None')",
+]
+
+
+def test_a_named_actor_another_run_holds_is_ray_not_the_run():
+    verdict = judge_lines(RAY_NAME_TAKEN)
+    assert (verdict.result, verdict.category) == ("Blocked", "env-ray-import"), verdict.first_error
+    assert "is already taken" in verdict.first_error and "ray stop" in verdict.hint
+    after_steps = judge_lines(["(TaskRunner pid=7) step:3 - training/global_step:3 - actor/pg_loss:0.1",
+                               *RAY_NAME_TAKEN])
+    assert (after_steps.result, after_steps.category) == ("Fail", "env-ray-import")

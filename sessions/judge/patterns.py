@@ -417,6 +417,12 @@ PATTERNS: tuple[Pattern, ...] = (
        r"Ray instance|Failed to start the GCS|Ray has not been started|ray\.init\(\) failed", "error",
        category="env-ray-import", result="blocked",
        any_of=("GCS", "Ray instance", "Ray has not", "ray.init")),
+    # Ray refuses a named actor (verl's worker-group register center, a detached worker) whose name a live actor
+    # holds: an earlier run or a second job on the same Ray cluster, not this run's code
+    _p("ray-name-taken", "already taken", r"The name \S+ \(namespace=\S*\) is already taken", "error",
+       category="env-ray-import", result="blocked", covered_by="rror",
+       hint="A live Ray actor holds this name (an earlier run or a second job on the same Ray cluster): stop it "
+            "(`ray stop` on a cluster of your own, or ray.kill the actor) or start a fresh Ray, and rerun."),
     # both numbers are settings (the trainer's GPUs per node x nodes, the rollout's TP): the configuration does not
     # fit itself. Too few GPUs on the machine is env-no-gpu (too-few-gpus, the resource checks), not this.
     _p("world-size-divisible", "divisible", r"world_size:? \d+ is not divisible by \w*(?:infer|tp|tensor)\w*",
