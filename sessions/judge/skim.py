@@ -91,8 +91,6 @@ class LastingLines:
         self.prefilter = prefilter
         self.literals = NeedleMatcher(literals)
         self.sure = [any(n in literal for n in prefilter.needles) for literal in literals]
-        self.checked = tuple(lit.encode() for lit in TEXT_LITERALS) + tuple(
-            lit for lit in literals if lit.decode() not in TEXT_LITERALS)  # the frequent ones first
         # per literal: what a line holding it may match (a pattern: its needles and required words; TEXT_LITERALS)
         self.conditions: list[list] = []
         # ... and, for the dense pass, a literal per way a condition can hold (id: the literal's index) that every
