@@ -588,12 +588,13 @@ class Skim:
             n = n if joinable is None else joinable.start()
             starts, ends = starts[:n], ends[:n]
             returns = map(find, repeat(b"\r"), starts, ends)  # metrics_match: no tqdm redraw ...
-            matches = map(STEP_SEARCH.search, repeat(buf), starts, ends)  # ... `step:N - ` ...
+            globals_ = map(find, repeat(b"training/global_step"), starts, ends)  # ... the global step ...
+            matches = map(STEP_SEARCH.search, repeat(buf), starts, ends)  # ... and `step:N - `
             nonfinite = self._nonfinite(buf, cut)
             taken = 0
-            for start, end, cr, match in zip(starts, ends, returns, matches, strict=False):
-                if cr != -1 or match is None or not plain_metrics(buf, start, match.end(), end):  # ... plain metrics
-                    break
+            for start, end, cr, glob, match in zip(starts, ends, returns, globals_, matches, strict=False):
+                if cr != -1 or match is None or (glob == -1 and not plain_metrics(buf, start, match.end(), end)):
+                    break  # (no global step: the older layout's plain metrics line)
                 step = int(match.group(1))
                 if step <= last:
                     break
