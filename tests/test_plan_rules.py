@@ -1074,3 +1074,23 @@ def test_a_new_providers_own_layer_module_reading_tp_keeps_level2_required(tmp_p
     plan = plan_for(tmp_path, new)
     assert "L2d" in levels(plan), [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
     assert "L2d" not in [e.key for e in plan.optional]
+
+
+def test_shared_mapping_a_vl_family_registers_is_no_vision_code(tmp_path):
+    # a shared expert mapping only a VL MoE family registers: any load of the checkpoint runs it (vision weights
+    # included), so text-only GSM8K covers it; the family's experts still count, its vision side does not
+    base = _vl_moe_family()
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    base[MAPPING] = textwrap.dedent(base[MAPPING]) + (
+        "\n\nclass FusedExpertMapping(MegatronParamMapping):\n"
+        "    def hf_to_megatron(self, weights):\n"
+        "        return weights\n")
+    base[rel] = base[rel].replace("import AutoMapping\n", "import AutoMapping, FusedExpertMapping\n").replace(
+        "AutoMapping('vision_model.ln_pre.weight')]", "AutoMapping('vision_model.ln_pre.weight'), FusedExpertMapping()]")
+    change = {MAPPING: base[MAPPING][:base[MAPPING].rindex("return weights")] + "return weights.T\n"}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]
+    # the same family's own bridge code is the whole VL model's config: its vision side counts
+    own = {rel: base[rel].replace("return provider", "provider.rotary_base = 1.0\n        return provider")}
+    assert levels(plan_for(tmp_path / "own", own, base=base)) == ["L0", "L4:moe", "L4:vlm"]
+
