@@ -1094,3 +1094,16 @@ def test_shared_mapping_a_vl_family_registers_is_no_vision_code(tmp_path):
     own = {rel: base[rel].replace("return provider", "provider.rotary_base = 1.0\n        return provider")}
     assert levels(plan_for(tmp_path / "own", own, base=base)) == ["L0", "L4:moe", "L4:vlm"]
 
+
+def test_expert_tensor_parallelism_is_the_moe_variant_not_dense_tp(tmp_path):
+    # finalize defaulting the experts' TP size (ETP) changes the expert layout: EP=2 stresses it, TP=2 alone does not
+    change = edit(GPT, "self.ready = True", "self.ready = True\n"
+                  "if self.expert_tensor_parallel_size is None:\n"
+                  "    self.expert_tensor_parallel_size = 1")
+    assert levels(plan_for(tmp_path, change)) == ["L0", "L2m", "L4:moe"]
+    # the dense tensor-parallel size in the same place is dense TP
+    dense = edit(GPT, "self.ready = True", "self.ready = True\n"
+                 "if self.tensor_model_parallel_size is None:\n"
+                 "    self.tensor_model_parallel_size = 1")
+    assert levels(plan_for(tmp_path / "dense", dense)) == ["L0", "L2d"]
+
