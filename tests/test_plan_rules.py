@@ -1107,3 +1107,38 @@ def test_expert_tensor_parallelism_is_the_moe_variant_not_dense_tp(tmp_path):
                  "    self.tensor_model_parallel_size = 1")
     assert levels(plan_for(tmp_path / "dense", dense)) == ["L0", "L2d"]
 
+
+def _family_with_linear_attention() -> dict[str, str]:
+    # its provider selects Megatron-Core's linear-attention layers (gated delta net) through the standard GPT spec
+    return _with_family("nextarch", "nextarch_bridge", "NextArchBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class NextArchModelProvider(GPTModelProvider):\n"
+        "    linear_attention_type: str = 'gated_delta_net'\n"
+        "    linear_attention_freq: int = 4\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='NextArchForCausalLM')\n"
+        "class NextArchBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = NextArchModelProvider()\n"
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('model.layers.*.linear_attn.in_proj_qkvz.weight')]\n"))
+
+
+def test_a_new_family_with_linear_attention_layers_is_custom_layer(tmp_path):
+    # its layers are not the standard softmax-attention transformer layer, whatever spec function builds them
+    new = {k: v for k, v in _family_with_linear_attention().items() if "nextarch" in k
+           or k == B + "models/__init__.py"}
+    assert levels(plan_for(tmp_path, new)) == ["L0", "L4:custom-layer"]
+    # the same family with softmax attention only is Level 0 alone
+    plain = {k: v.replace("    linear_attention_type: str = 'gated_delta_net'\n    linear_attention_freq: int = 4\n",
+                          "    rotary_base: float = 1.0\n") for k, v in new.items()}
+    assert levels(plan_for(tmp_path / "plain", plain)) == ["L0"]
+
+
+def test_linear_attention_words_must_follow_each_other():
+    from sessions.plan.features import feature_of_name
+    assert feature_of_name("linear_attention_type") == ["custom-layer"]
+    assert feature_of_name("decoder.layers.*.self_attention.linear_qkv.weight") == []

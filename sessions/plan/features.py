@@ -10,8 +10,8 @@ Its *features* are facts of that code:
 - mtp: `mtp_num_layers` set to something, MTP weight mappings (`mtp.layers...`), `nextn` config keys;
 - vlm: a vision config, a vision model or vision weight mappings;
 - custom-layer: a layer spec of its own (`transformer_layer_spec = ...`, a `*_layer_spec`/`*_block_spec` function,
-  `ModuleSpec(...)`), or layer modules of its own (classes deriving from an attention / MLP / norm / linear /
-  transformer-layer class);
+  `ModuleSpec(...)`), layer modules of its own (classes deriving from an attention / MLP / norm / linear /
+  transformer-layer class), or a layer kind of its own selected by setting (`linear_attention_*`);
 - quantized: quantized checkpoint weights (`quantization_config`, dequantizing import, `weight_scale_inv`, FP8/FP4);
 - qat: ModelOpt / QAT state (quantizer modules, amax mappings).
 
@@ -47,6 +47,12 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer", "amax mapping", "amax map",
             "quantizer amax"),
 }
+# words that must follow each other in the name (`linear_attention_type`, not `self_attention.linear_qkv`)
+ORDERED_FEATURE_WORDS: dict[str, tuple[str, ...]] = {
+    # a layer kind of its own that Megatron-Core builds from the provider's settings (`linear_attention_type =
+    # "gated_delta_net"`): linear-attention layers in place of softmax attention, whatever spec function is used
+    "custom-layer": ("linear attention",),
+}
 # custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
 LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")
 NOT_A_LAYER = ("bridge", "provider", "config", "mapping", "model", "state", "source", "registry", "dataset",
@@ -67,7 +73,9 @@ def feature_of_name(name: str) -> list[str]:
     if name.endswith("."):
         return []
     words = words_of(name.replace(".", "_"))
-    return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)]
+    joined = f" {' '.join(words)} "
+    return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)] + [
+        f for f, table in ORDERED_FEATURE_WORDS.items() if any(f" {t} " in joined for t in table)]
 
 
 def _switched_off(value: ast.AST | None) -> bool:
