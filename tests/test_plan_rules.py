@@ -1142,3 +1142,21 @@ def test_linear_attention_words_must_follow_each_other():
     from sessions.plan.features import feature_of_name
     assert feature_of_name("linear_attention_type") == ["custom-layer"]
     assert feature_of_name("decoder.layers.*.self_attention.linear_qkv.weight") == []
+
+
+def test_a_parallel_read_kept_as_it_was_by_the_edit_is_no_parallel_change(tmp_path):
+    # an override put in front of an unchanged `get_context_parallel_world_size() == 1`: under every CP size the
+    # default computes what it did; only what the edit adds counts
+    gpt = textwrap.dedent(BRIDGE_BASE[GPT])
+    base = {**BRIDGE_BASE, GPT: gpt.replace(
+        "        return self.build()",
+        "        self.causal = parallel_state.get_context_parallel_world_size() == 1\n        return self.build()")}
+    override = {GPT: base[GPT].replace(
+        "self.causal = parallel_state.get_context_parallel_world_size() == 1",
+        "self.causal = (\n            self.causal_override if self.causal_override is not None\n"
+        "            else parallel_state.get_context_parallel_world_size() == 1\n        )")}
+    assert levels(plan_for(tmp_path, override, base=base)) == ["L0"]
+    # what the CP size is compared with changed: the lines compute something else under CP > 1
+    compared = {GPT: base[GPT].replace("get_context_parallel_world_size() == 1",
+                                       "get_context_parallel_world_size() <= 2")}
+    assert levels(plan_for(tmp_path / "compared", compared, base=base)) == ["L0", "L2d"]
