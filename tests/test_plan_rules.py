@@ -1160,3 +1160,40 @@ def test_a_parallel_read_kept_as_it_was_by_the_edit_is_no_parallel_change(tmp_pa
     compared = {GPT: base[GPT].replace("get_context_parallel_world_size() == 1",
                                        "get_context_parallel_world_size() <= 2")}
     assert levels(plan_for(tmp_path / "compared", compared, base=base)) == ["L0", "L2d"]
+
+
+def _family_with_layer_file() -> dict[str, str]:
+    base = _with_family("tower", "tower_bridge", "TowerBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.tower.layers import TowerAttention, prepare_inputs\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='TowerForCausalLM')\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.attention_module = TowerAttention\n"
+        "        provider.hidden_size = prepare_inputs(hf_config.hidden_size)\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n"))
+    base[B + "models/tower/layers.py"] = (
+        "from megatron.core.transformer.attention import Attention\n\n\n"
+        "class TowerAttention(Attention):\n"
+        "    def forward(self, x):\n"
+        "        return _scale(x)\n\n\n"
+        "def _scale(x):\n"
+        "    return x * 2\n\n\n"
+        "def prepare_inputs(x):\n"
+        "    return x + 1\n")
+    return base
+
+
+def test_a_function_beside_layer_modules_is_layer_code_only_when_they_call_it(tmp_path):
+    base = _family_with_layer_file()
+    rel = B + "models/tower/layers.py"
+    helper = {rel: base[rel].replace("return x * 2", "return x * 3")}
+    assert levels(plan_for(tmp_path, helper, base=base)) == ["L0", "L4:custom-layer"]
+    # a function of the same file only the bridge calls is no layer behaviour
+    beside = {rel: base[rel].replace("return x + 1", "return x + 2")}
+    assert levels(plan_for(tmp_path / "beside", beside, base=base)) == ["L0"]
