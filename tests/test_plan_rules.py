@@ -1074,3 +1074,126 @@ def test_a_new_providers_own_layer_module_reading_tp_keeps_level2_required(tmp_p
     plan = plan_for(tmp_path, new)
     assert "L2d" in levels(plan), [(e.key, [r.rule for r in e.reasons]) for e in plan.entries]
     assert "L2d" not in [e.key for e in plan.optional]
+
+
+def test_shared_mapping_a_vl_family_registers_is_no_vision_code(tmp_path):
+    # a shared expert mapping only a VL MoE family registers: any load of the checkpoint runs it (vision weights
+    # included), so text-only GSM8K covers it; the family's experts still count, its vision side does not
+    base = _vl_moe_family()
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    base[MAPPING] = textwrap.dedent(base[MAPPING]) + (
+        "\n\nclass FusedExpertMapping(MegatronParamMapping):\n"
+        "    def hf_to_megatron(self, weights):\n"
+        "        return weights\n")
+    base[rel] = base[rel].replace("import AutoMapping\n", "import AutoMapping, FusedExpertMapping\n").replace(
+        "AutoMapping('vision_model.ln_pre.weight')]", "AutoMapping('vision_model.ln_pre.weight'), FusedExpertMapping()]")
+    change = {MAPPING: base[MAPPING][:base[MAPPING].rindex("return weights")] + "return weights.T\n"}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]
+    # the same family's own bridge code is the whole VL model's config: its vision side counts
+    own = {rel: base[rel].replace("return provider", "provider.rotary_base = 1.0\n        return provider")}
+    assert levels(plan_for(tmp_path / "own", own, base=base)) == ["L0", "L4:moe", "L4:vlm"]
+
+
+def test_expert_tensor_parallelism_is_the_moe_variant_not_dense_tp(tmp_path):
+    # finalize defaulting the experts' TP size (ETP) changes the expert layout: EP=2 stresses it, TP=2 alone does not
+    change = edit(GPT, "self.ready = True", "self.ready = True\n"
+                  "if self.expert_tensor_parallel_size is None:\n"
+                  "    self.expert_tensor_parallel_size = 1")
+    assert levels(plan_for(tmp_path, change)) == ["L0", "L2m", "L4:moe"]
+    # the dense tensor-parallel size in the same place is dense TP
+    dense = edit(GPT, "self.ready = True", "self.ready = True\n"
+                 "if self.tensor_model_parallel_size is None:\n"
+                 "    self.tensor_model_parallel_size = 1")
+    assert levels(plan_for(tmp_path / "dense", dense)) == ["L0", "L2d"]
+
+
+def _family_with_linear_attention() -> dict[str, str]:
+    # its provider selects Megatron-Core's linear-attention layers (gated delta net) through the standard GPT spec
+    return _with_family("nextarch", "nextarch_bridge", "NextArchBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class NextArchModelProvider(GPTModelProvider):\n"
+        "    linear_attention_type: str = 'gated_delta_net'\n"
+        "    linear_attention_freq: int = 4\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='NextArchForCausalLM')\n"
+        "class NextArchBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = NextArchModelProvider()\n"
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('model.layers.*.linear_attn.in_proj_qkvz.weight')]\n"))
+
+
+def test_a_new_family_with_linear_attention_layers_is_custom_layer(tmp_path):
+    # its layers are not the standard softmax-attention transformer layer, whatever spec function builds them
+    new = {k: v for k, v in _family_with_linear_attention().items() if "nextarch" in k
+           or k == B + "models/__init__.py"}
+    assert levels(plan_for(tmp_path, new)) == ["L0", "L4:custom-layer"]
+    # the same family with softmax attention only is Level 0 alone
+    plain = {k: v.replace("    linear_attention_type: str = 'gated_delta_net'\n    linear_attention_freq: int = 4\n",
+                          "    rotary_base: float = 1.0\n") for k, v in new.items()}
+    assert levels(plan_for(tmp_path / "plain", plain)) == ["L0"]
+
+
+def test_linear_attention_words_must_follow_each_other():
+    from sessions.plan.features import feature_of_name
+    assert feature_of_name("linear_attention_type") == ["custom-layer"]
+    assert feature_of_name("decoder.layers.*.self_attention.linear_qkv.weight") == []
+
+
+def test_a_parallel_read_kept_as_it_was_by_the_edit_is_no_parallel_change(tmp_path):
+    # an override put in front of an unchanged `get_context_parallel_world_size() == 1`: under every CP size the
+    # default computes what it did; only what the edit adds counts
+    gpt = textwrap.dedent(BRIDGE_BASE[GPT])
+    base = {**BRIDGE_BASE, GPT: gpt.replace(
+        "        return self.build()",
+        "        self.causal = parallel_state.get_context_parallel_world_size() == 1\n        return self.build()")}
+    override = {GPT: base[GPT].replace(
+        "self.causal = parallel_state.get_context_parallel_world_size() == 1",
+        "self.causal = (\n            self.causal_override if self.causal_override is not None\n"
+        "            else parallel_state.get_context_parallel_world_size() == 1\n        )")}
+    assert levels(plan_for(tmp_path, override, base=base)) == ["L0"]
+    # what the CP size is compared with changed: the lines compute something else under CP > 1
+    compared = {GPT: base[GPT].replace("get_context_parallel_world_size() == 1",
+                                       "get_context_parallel_world_size() <= 2")}
+    assert levels(plan_for(tmp_path / "compared", compared, base=base)) == ["L0", "L2d"]
+
+
+def _family_with_layer_file() -> dict[str, str]:
+    base = _with_family("tower", "tower_bridge", "TowerBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.tower.layers import TowerAttention, prepare_inputs\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='TowerForCausalLM')\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.attention_module = TowerAttention\n"
+        "        provider.hidden_size = prepare_inputs(hf_config.hidden_size)\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n"))
+    base[B + "models/tower/layers.py"] = (
+        "from megatron.core.transformer.attention import Attention\n\n\n"
+        "class TowerAttention(Attention):\n"
+        "    def forward(self, x):\n"
+        "        return _scale(x)\n\n\n"
+        "def _scale(x):\n"
+        "    return x * 2\n\n\n"
+        "def prepare_inputs(x):\n"
+        "    return x + 1\n")
+    return base
+
+
+def test_a_function_beside_layer_modules_is_layer_code_only_when_they_call_it(tmp_path):
+    base = _family_with_layer_file()
+    rel = B + "models/tower/layers.py"
+    helper = {rel: base[rel].replace("return x * 2", "return x * 3")}
+    assert levels(plan_for(tmp_path, helper, base=base)) == ["L0", "L4:custom-layer"]
+    # a function of the same file only the bridge calls is no layer behaviour
+    beside = {rel: base[rel].replace("return x + 1", "return x + 2")}
+    assert levels(plan_for(tmp_path / "beside", beside, base=base)) == ["L0"]

@@ -222,6 +222,21 @@ def _beside_verl_imports(index: BridgeIndex, unit: Unit, direct: set[str]) -> bo
     return False
 
 
+def _same_uses(ev: Evidence, old_evs: list[Evidence]) -> set[str]:
+    """Names of an edited statement used in the very same expressions on both sides of the diff (a parallel size read
+    as `get_context_parallel_world_size() == 1` before and after an override put in front of it): the edit changed
+    what surrounds them, not what they compute. A name a statement uses directly counts as edited."""
+    new = Counter(ev.uses)
+    old = Counter(u for old_ev in old_evs for u in old_ev.uses)
+    out = set()
+    for name in {n for n, _ in new} & {n for n, _ in old}:
+        after = Counter({k: v for k, v in new.items() if k[0] == name})
+        before = Counter({k: v for k, v in old.items() if k[0] == name})
+        if after == before and all(use is not None for _, use in after):
+            out.add(name)
+    return out
+
+
 def _passes_through(unit: Unit, lines: set[int], ev: Evidence) -> bool:
     """Does the change only add parameters to the function's signature and hand them on (`weight_dtype=None` in
     the signature, `super().f(..., weight_dtype=weight_dtype)` in the body)? Every name the edit adds or removes is
@@ -299,8 +314,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         served.append({"family": fam.name, "folder": fam.folder, "bridge_file": bridge.file, "features": {
             f: fam.sites.by_feature[f][:3] for f in fam.features()},
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
-            "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
-            or shared_layer,
+            "layer": unit.key in fam.layer_units or unit.key in fam.layer_helpers or shared_layer,
             "own": fam.folder == plan_features.folder_of(unit.file) or bool(users & fam.units),
             # (else it calls into another family's code)
             "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units)
@@ -371,8 +385,11 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         if sides and all(e.only_imports for e in sides):
             continue  # only import statements changed: an import is no call path, what it imports counts itself
         ev.code += _fields_verl_names(unit, lines, surface)
-        raw = ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
-        expert = Counter(ev.expert_code + [n for old_ev in old_evs for n in old_ev.expert_code])
+        same = _same_uses(ev, old_evs)  # read the same way on both sides: what it computes did not change
+        raw = [n for n in ev.code + ev.strings + [n for old_ev in old_evs for n in old_ev.code + old_ev.strings]
+               if n not in same]
+        expert = Counter(n for n in ev.expert_code + [n for old_ev in old_evs for n in old_ev.expert_code]
+                         if n not in same)
         if plan_reach.words_hit(ev.name, plan_reach.EXPERT_WORDS):
             expert = Counter(raw)  # code that only serves experts (`MoeAmaxFanoutMapping`): the MoE variant stresses it
         spaced = Counter(ev.namespaced + [n for old_ev in old_evs for n in old_ev.namespaced])

@@ -111,6 +111,8 @@ class Evidence:
     expert_code: list[str] = field(default_factory=list)  # names of changed lines that run only for experts
     namespaced: list[str] = field(default_factory=list)  # imported modules used as namespaces (`tensor_parallel.X`)
     requires: list[str] = field(default_factory=list)  # names of a negated early exit before the changed lines
+    uses: list[tuple[str, str | None]] = field(default_factory=list)  # each name of `code` with the expression that
+    # uses it (`get_cp_world_size() == 1`; None: a statement or a call's own name uses it directly)
     statements: int = 0  # changed simple statements (imports, assignments, calls...)
     only_imports: bool = False  # every changed code line is an import statement
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
@@ -219,6 +221,7 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
     spaces = {id(n.value) for n in own if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
               and n.value.id in namespaces}
     expert_lines = _expert_lines(own, lines, skip)
+    parents = {id(c): p for p in own for c in ast.iter_child_nodes(p)}
     for n in own:
         line = getattr(n, "lineno", None)
         if line is None or id(n) in skip or line not in counted:
@@ -241,6 +244,7 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
             ev.strings.append(n.value)
         if name:
             ev.code.append(name)
+            ev.uses.append((name, _use_of(n, parents) if isinstance(n, (ast.Name, ast.Attribute)) else None))
             if line in expert_lines:
                 ev.expert_code.append(name)
             if id(n) in spaces:
@@ -248,6 +252,19 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
     if not ev.new:
         _conditions(ev, own, lines, skip)
     return ev
+
+
+def _use_of(n: ast.AST, parents: dict[int, ast.AST]) -> str | None:
+    """The expression a name is used in: past the attribute chain and the call it names (`parallel_state.
+    get_context_parallel_world_size()`), the comparison, operation or call that takes it (`... == 1`). None when a
+    statement uses it directly (`x = tp_size`): any edit of that statement is an edit of its use."""
+    cur = n
+    while (p := parents.get(id(cur))) is not None and not isinstance(p, ast.stmt):
+        if isinstance(p, (ast.Attribute, ast.keyword)) or (isinstance(p, ast.Call) and p.func is cur):
+            cur = p
+            continue
+        return ast.unparse(p)
+    return None
 
 
 def _expert_lines(own: list[ast.AST], lines: set[int], skip: set[int]) -> set[int]:

@@ -10,8 +10,8 @@ Its *features* are facts of that code:
 - mtp: `mtp_num_layers` set to something, MTP weight mappings (`mtp.layers...`), `nextn` config keys;
 - vlm: a vision config, a vision model or vision weight mappings;
 - custom-layer: a layer spec of its own (`transformer_layer_spec = ...`, a `*_layer_spec`/`*_block_spec` function,
-  `ModuleSpec(...)`), or layer modules of its own (classes deriving from an attention / MLP / norm / linear /
-  transformer-layer class);
+  `ModuleSpec(...)`), layer modules of its own (classes deriving from an attention / MLP / norm / linear /
+  transformer-layer class), or a layer kind of its own selected by setting (`linear_attention_*`);
 - quantized: quantized checkpoint weights (`quantization_config`, dequantizing import, `weight_scale_inv`, FP8/FP4);
 - qat: ModelOpt / QAT state (quantizer modules, amax mappings).
 
@@ -47,6 +47,12 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     "qat": ("modelopt", "qat", "mtq", "weight quantizer", "input quantizer", "amax mapping", "amax map",
             "quantizer amax"),
 }
+# words that must follow each other in the name (`linear_attention_type`, not `self_attention.linear_qkv`)
+ORDERED_FEATURE_WORDS: dict[str, tuple[str, ...]] = {
+    # a layer kind of its own that Megatron-Core builds from the provider's settings (`linear_attention_type =
+    # "gated_delta_net"`): linear-attention layers in place of softmax attention, whatever spec function is used
+    "custom-layer": ("linear attention",),
+}
 # custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
 LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")
 NOT_A_LAYER = ("bridge", "provider", "config", "mapping", "model", "state", "source", "registry", "dataset",
@@ -67,7 +73,9 @@ def feature_of_name(name: str) -> list[str]:
     if name.endswith("."):
         return []
     words = words_of(name.replace(".", "_"))
-    return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)]
+    joined = f" {' '.join(words)} "
+    return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)] + [
+        f for f, table in ORDERED_FEATURE_WORDS.items() if any(f" {t} " in joined for t in table)]
 
 
 def _switched_off(value: ast.AST | None) -> bool:
@@ -208,6 +216,7 @@ class FamilyModel:
     sites: Sites = field(default_factory=Sites)
     layer_units: set[str] = field(default_factory=set)  # its own layer modules / specs (and their methods)
     layer_files: set[str] = field(default_factory=set)  # files defining them
+    layer_helpers: set[str] = field(default_factory=set)  # functions of those files its layer code calls
     config_units: set[str] = field(default_factory=set)  # its bridge and provider classes (with their methods)
     builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
     layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
@@ -278,8 +287,24 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             own = [unit.node] if unit.kind != "class" else [unit.node]
             nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
             fam.sites.update(sites_in(nodes, file=unit.file))
+        fam.layer_helpers = _layer_helpers(index, fam)
         _config_code(index, fam)
         out.append(fam)
+    return out
+
+
+def _layer_helpers(index: BridgeIndex, fam: FamilyModel) -> set[str]:
+    """Functions of its layer files that its layer modules or specs call (directly or through each other): layer
+    code. A function that only shares a file with layer modules (a helper the model class calls) is not."""
+    out: set[str] = set()
+    stack = sorted(fam.layer_units)
+    while stack:
+        for r in index.units[stack.pop()].refs:
+            u = index.units.get(r)
+            if r in fam.units and r not in out and u is not None and u.kind == "function" \
+                    and u.file in fam.layer_files:
+                out.add(r)
+                stack.append(r)
     return out
 
 

@@ -301,6 +301,10 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     # model also builds): a text-only run exercises it, being a VL family's code does not make it vision code
     text_family = u.tier in ("calls", "api") and any(
         f.get("own", True) and "vlm" not in f["features"] for f in u.served)
+    # shared-folder code that VL families only use (a weight mapping they register) converts the weights it is handed;
+    # any load of the checkpoint runs it, vision weights included, so a text-only run covers it: its families'
+    # vision side is involved only where the changed code is vision code itself (`touched`)
+    vision_family_wide = not (u.family is None and u.served)
     for fam in u.served if u.tier in ("calls", "api") else ():
         feats = fam["features"]
         own = fam.get("own", True)  # a family reusing another family's code: only that code's layer counts
@@ -313,7 +317,7 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             take.update({f: (f"{fam['family']} is new and builds {f}", facts) for f, facts in builds.items()})
             if "custom-layer" in feats:
                 take["custom-layer"] = (f"{fam['family']} is new and has its own layers", feats["custom-layer"])
-        if "vlm" in feats and own and not text_family:
+        if "vlm" in feats and own and not text_family and vision_family_wide:
             take.setdefault("vlm", (f"{fam['family']} is a vision-language family", feats["vlm"]))
         if own and fam.get("config") and u.tier == "calls" and u.entries and not u.passes_through:
             # (a parameter the bridge only gains and hands on sets no field of what the family builds: the code that
@@ -323,7 +327,7 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             # the changed field is — unless the change is on the vision side only (a vision encoder has no experts)
             vision_only = "vlm" in u.touched and not set(u.touched) - {"vlm"}
             for f in WHOLE_MODEL:
-                if f in builds and not (f == "moe" and vision_only):
+                if f in builds and not (f == "moe" and vision_only) and not (f == "vlm" and not vision_family_wide):
                     take.setdefault(f, (f"{fam['family']}'s bridge/provider changed and it builds {f}", builds[f]))
             moving = [e for e in u.entries if _moves_weights(e)]
             if "quantized" in builds and moving:

@@ -116,7 +116,8 @@ RULES: tuple[Rule, ...] = (
          variant="dense", code_in=PARALLEL_CODE),
     Rule("tp-pp-cp", 2, "tensor / pipeline / context / sequence parallel sizes or layout changed",
          topics=("tp", "pp", "cp", "vpp", "tensor parallel", "pipeline parallel", "context parallel",
-                 "sequence parallel", "virtual pipeline", "pipeline stage"), variant="dense", code_in=PARALLEL_CODE),
+                 "sequence parallel", "virtual pipeline", "pipeline stage"), variant="dense", code_in=PARALLEL_CODE,
+         unless=("expert", "experts")),  # the experts' TP size (ETP) is the expert layout: the MoE variant's
     Rule("expert-parallel", 2, "expert layout / expert parallelism changed: stress EP=2 on a MoE checkpoint",
          topics=("ep", "etp", "expert parallel", "expert tensor parallel", "expt tp", "expert layout", "ep group",
                  "ep rank", "ep size", "num local experts", "local expert indices"), variant="moe", code_in=PARALLEL_CODE),
