@@ -216,7 +216,6 @@ class FamilyModel:
     sites: Sites = field(default_factory=Sites)
     layer_units: set[str] = field(default_factory=set)  # its own layer modules / specs (and their methods)
     layer_files: set[str] = field(default_factory=set)  # files defining them
-    layer_helpers: set[str] = field(default_factory=set)  # functions of those files its layer code calls
     config_units: set[str] = field(default_factory=set)  # its bridge and provider classes (with their methods)
     builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
     layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
@@ -287,24 +286,8 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             own = [unit.node] if unit.kind != "class" else [unit.node]
             nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
             fam.sites.update(sites_in(nodes, file=unit.file))
-        fam.layer_helpers = _layer_helpers(index, fam)
         _config_code(index, fam)
         out.append(fam)
-    return out
-
-
-def _layer_helpers(index: BridgeIndex, fam: FamilyModel) -> set[str]:
-    """Functions of its layer files that its layer modules or specs call (directly or through each other): layer
-    code. A function that only shares a file with layer modules (a helper the model class calls) is not."""
-    out: set[str] = set()
-    stack = sorted(fam.layer_units)
-    while stack:
-        for r in index.units[stack.pop()].refs:
-            u = index.units.get(r)
-            if r in fam.units and r not in out and u is not None and u.kind == "function" \
-                    and u.file in fam.layer_files:
-                out.add(r)
-                stack.append(r)
     return out
 
 
