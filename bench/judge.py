@@ -11,7 +11,7 @@ chatter goes on until the file has its size), then measures in the same run, eac
 - grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU.
 More placements: `real` (the shared real logs, repeated to the size, each copy's digits renumbered so that
 lines with numbers do not repeat byte for byte: see digit_permutation), `real-pass` (only the passing ones; both
-are a hundred thousand short runs end to end: every copy restarts its steps and repeats its start-up facts),
+are hundreds of thousands of short runs end to end: every copy restarts its steps and repeats its start-up facts),
 `real-long` (one long healthy run: the step sections of the real passing logs in turn, steps counting on: see
 build_real_long), `metrics` (a metrics line per step) and `storm` (half the file trains, then every
 rank's NCCL watchdog, ERROR and frame lines, each distinct, to the end).
@@ -110,16 +110,19 @@ def build_log(path: Path, size_mib: int, placement: str) -> int:
 REAL_LOGS = Path(os.environ.get("VERL_E2E_REAL_LOGS") or ROOT.parent / "shared" / "real-logs")
 
 
+def passing_logs() -> list[Path]:
+    """The real logs INDEX.tsv labels `pass`, sorted."""
+    with open(REAL_LOGS / "INDEX.tsv", encoding="utf-8") as index:
+        rows = [line.split("\t") for line in index.read().splitlines()[1:]]
+    passing = {row[0] for row in rows if len(row) > 2 and row[2].strip().lower() == "pass"}
+    return [p for p in sorted(REAL_LOGS.glob("*.log")) if p.name in passing]
+
+
 def build_real(path: Path, size_mib: int, passing_only: bool = False) -> int:
     """Real log content: the shared real logs (../shared/real-logs), concatenated and repeated to the size.
     passing_only: the logs INDEX.tsv labels `pass` only (what a long healthy run's log is made of: steps, vLLM and
     worker lines, few tracebacks; the issue's own measurement was "real passing verl logs repeated")."""
-    logs = sorted(REAL_LOGS.glob("*.log"))
-    if passing_only:
-        with open(REAL_LOGS / "INDEX.tsv", encoding="utf-8") as index:
-            rows = [line.split("\t") for line in index.read().splitlines()[1:]]
-        passing = {row[0] for row in rows if len(row) > 2 and row[2].strip().lower() == "pass"}
-        logs = [p for p in logs if p.name in passing]
+    logs = passing_logs() if passing_only else sorted(REAL_LOGS.glob("*.log"))
     if not logs:
         raise SystemExit(f"error: no real logs in {REAL_LOGS} (set VERL_E2E_REAL_LOGS)")
     corpus = b"".join(p.read_bytes().rstrip(b"\n") + b"\n" for p in logs)
@@ -136,8 +139,8 @@ PLANNED = re.compile(rb"(Total training steps: |'total_training_steps': |TOTAL_T
 
 
 def long_run_parts(path: Path) -> tuple[bytes, bytes, bytes, int] | None:
-    """A real passing log as (head, body, tail, steps): the body runs from the line after the one before its first
-    step line to its last step line (what a run repeats per step: rollout, worker, vLLM and metrics lines)."""
+    """A real passing log as (head, body, tail, training steps): the body runs from its first step line to its last
+    (what a run repeats per step: rollout, worker, vLLM, sample and metrics lines); None below two training steps."""
     lines = path.read_bytes().rstrip(b"\n").split(b"\n")
     steps = [i for i, line in enumerate(lines) if STEP_NUMBER.search(line) and b" - " in line]
     trained = sum(not VALIDATION_ONLY.search(lines[i]) for i in steps)
@@ -153,11 +156,7 @@ def build_real_long(path: Path, size_mib: int) -> int:
     lines, then the bodies of all of them in turn, repeated to the size with the step numbers counting on (each
     body's `step:N`, `training/global_step:N` and tqdm `n/M`), then the first log's tail. The other digits are
     renumbered per copy (digit_permutation); the planned totals in the head are set to the steps written."""
-    logs = sorted(REAL_LOGS.glob("*.log"))
-    with open(REAL_LOGS / "INDEX.tsv", encoding="utf-8") as index:
-        passing = {row[0] for row in (line.split("\t") for line in index.read().splitlines()[1:])
-                   if len(row) > 2 and row[2].strip().lower() == "pass"}
-    parts = [found for p in logs if p.name in passing and (found := long_run_parts(p)) is not None]
+    parts = [found for p in passing_logs() if (found := long_run_parts(p)) is not None]
     if not parts:
         raise SystemExit(f"error: no passing real logs with two or more steps in {REAL_LOGS}")
     head, _, tail, _ = parts[0]
