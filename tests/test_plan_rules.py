@@ -604,11 +604,17 @@ def test_any_config_change_of_a_moe_family_involves_moe(tmp_path):
     assert levels(plan_for(tmp_path / "dense", dense)) == ["L0"]
 
 
+# the imports of a family bridge module that declares weight mappings (the fixture families below)
+MAPPING_BRIDGE_IMPORTS = (
+    "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+    "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+    "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+)
+
+
 def _vl_moe_family() -> dict[str, str]:
     return _with_family("step_vl", "step_vl_bridge", "StepVLBridge", (
-        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
-        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        MAPPING_BRIDGE_IMPORTS +
         "@MegatronModelBridge.register_bridge(source='StepVLForConditionalGeneration')\n"
         "class StepVLBridge(MegatronModelBridge):\n"
         "    def provider_bridge(self, hf_config):\n"
@@ -633,9 +639,7 @@ def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
 
 def _family_with_quantized_checkpoint() -> dict[str, str]:
     return _with_family("dsq", "dsq_bridge", "DsqBridge", (
-        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
-        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        MAPPING_BRIDGE_IMPORTS +
         "def _dequant_fp8_blockwise(weight, scale_inv):\n"
         "    return weight * scale_inv\n\n\n"
         "@MegatronModelBridge.register_bridge(source='DsqForCausalLM')\n"
@@ -1003,10 +1007,8 @@ def test_shared_code_only_one_familys_bridge_uses_serves_that_family(tmp_path):
 
 def _new_family_reading_tp() -> dict[str, str]:
     base = _with_family("newarch", "newarch_bridge", "NewArchBridge", (
-        "from megatron.core import parallel_state\n"
-        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
-        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "from megatron.core import parallel_state\n" +
+        MAPPING_BRIDGE_IMPORTS +
         "@MegatronModelBridge.register_bridge(source='NewArchForCausalLM')\n"
         "class NewArchBridge(MegatronModelBridge):\n"
         "    def provider_bridge(self, hf_config):\n"
@@ -1111,9 +1113,7 @@ def test_expert_tensor_parallelism_is_the_moe_variant_not_dense_tp(tmp_path):
 def _family_with_linear_attention() -> dict[str, str]:
     # its provider selects Megatron-Core's linear-attention layers (gated delta net) through the standard GPT spec
     return _with_family("nextarch", "nextarch_bridge", "NextArchBridge", (
-        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
-        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        MAPPING_BRIDGE_IMPORTS +
         "class NextArchModelProvider(GPTModelProvider):\n"
         "    linear_attention_type: str = 'gated_delta_net'\n"
         "    linear_attention_freq: int = 4\n\n\n"
