@@ -13,7 +13,12 @@ surface read from --verl, and prints the required levels, the optional ones, and
 required level missing) or over (a level neither required nor arguable). Optional (offered) levels never count as
 selected. At the end: exact / under / over for shared, own-dev, own-heldout and own-fresh (bench/plan-cases-fresh.tsv: a
 second blind labelling of 72 further commits, by a helper who saw neither the planner nor the first labels; never
-tuned on) and own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on). `--extra N` also plans the N most
+tuned on) and own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on).
+Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh and s5 commits again,
+blind (session 8, by helpers who saw neither the first labels nor the planner). Each group then also scores against
+the second labels and against their consensus (required: what both require; arguable: what either names besides),
+and prints how the two labellings agree when each is read against the other as a plan is. A commit the plan
+refuses (exit 2, e.g. a checkout from before the package's rename) is listed apart, never scored. `--extra N` also plans the N most
 recent first-parent commits no case file lists, for eyeballing. The clone must be clean; its starting HEAD (branch
 or commit) is checked out again at the end, also after an error or Ctrl-C.
 """
@@ -43,6 +48,42 @@ def parse_expected(text: str) -> tuple[set[str], set[str]]:
     required, arguable = m.group(1), m.group(2) or ""
     split = lambda s: {x.strip() for x in s.split(",") if x.strip() and x.strip() != "none"}  # noqa: E731
     return split(required), split(arguable)
+
+
+def selection_verdict(got: set[str], required: set[str], arguable: set[str]) -> str:
+    """exact (every required level, nothing outside required + arguable), UNDER (a required one missing) or over."""
+    return "UNDER" if required - got else "over" if got - required - arguable else "exact"
+
+
+def consensus(first: tuple[set[str], set[str]], second: tuple[set[str], set[str]]) -> tuple[set[str], set[str]]:
+    """Two labellings as one: required what both require, arguable what either names besides. A plan under it
+    missed a level two blind labellers both required; over it, it chose a level neither named."""
+    required = first[0] & second[0]
+    return required, (first[0] | first[1] | second[0] | second[1]) - required
+
+
+def read_second(path: Path) -> dict[str, tuple[set[str], set[str]]]:
+    """commit → (required, arguable) of the second, independent labelling (bench/plan-cases-second.tsv)."""
+    lines = path.read_text().splitlines()
+    header = lines[0].split("\t")
+    column = header.index("expected_levels")
+    return {cells[0][:9]: parse_expected(cells[column]) for cells in (line.split("\t") for line in lines[1:]
+                                                                      if line.strip())}
+
+
+def agreement(first: dict[str, tuple[set[str], set[str]]], second: dict[str, tuple[set[str], set[str]]]) -> str:
+    """How two blind labellings of the same commits agree, scored as a plan is: each one's required levels read
+    against the other's labels, and both ways exact."""
+    common = [c for c in first if c in second]
+    if not common:
+        return "no commit labelled twice"
+    one = [selection_verdict(second[c][0], *first[c]) for c in common]
+    other = [selection_verdict(first[c][0], *second[c]) for c in common]
+    both = sum(a == b == "exact" for a, b in zip(one, other, strict=True))
+    n = len(common)
+    return (f"second read against first {one.count('exact')}/{n} exact, {one.count('UNDER')} under; first against "
+            f"second {other.count('exact')}/{n} exact, {other.count('UNDER')} under; both ways exact {both}/{n} "
+            f"({100 * both / n:.0f} %)")
 
 
 def level_key(entry) -> str:
@@ -86,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a second own labelling, split 'fresh' (never tuned on; '-' for none)")
     ap.add_argument("--s5", type=Path, default=ROOT / "bench" / "plan-cases-s5.tsv",
                     help="a third own labelling, split 's5' (session 5, never tuned on; '-' for none)")
+    ap.add_argument("--second", type=Path, default=ROOT / "bench" / "plan-cases-second.tsv",
+                    help="a second blind labelling of the own commits (commit, set, kind, expected_levels, note; "
+                         "'-' for none): scores against it and against both labellings' consensus")
     ap.add_argument("--split", choices=("dev", "heldout", "fresh", "s5", "all"), default="all",
                     help="which part of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"),
@@ -104,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.bridge} has uncommitted changes; the bench checks out commits and needs a clean clone",
               file=sys.stderr)
         return 2
+    second: dict[str, tuple[set[str], set[str]]] = {}
+    if str(args.second) != "-":
+        if not args.second.is_file():
+            print(f"error: second labelling {args.second} does not exist", file=sys.stderr)
+            return 2
+        second = read_second(args.second)
     rows = []
     every_case: set[str] = set()  # every labelled commit, whatever its split: --extra never plans a held-out one
     for path, own in ((args.cases, False), (args.own, True), (args.fresh, True), (args.s5, True)):
@@ -131,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [(g, r) for g, r in rows if r[0] in args.only.split(",")]
     start = repo.active_branch.name if not repo.head.is_detached else repo.head.commit.hexsha
     score: dict[str, list[int]] = {}  # group → [cases, exact, under, over]
+    firsts: dict[str, dict[str, tuple[set[str], set[str]]]] = {}  # group → commit → the first labels
+    refused: dict[str, list[str]] = {}  # group → commits the plan refused (a usage error)
     misses = []
     try:
         for group, row in rows:
@@ -139,18 +191,27 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.time()
             try:
                 plan = plan_commit(repo, commit, args.verl)
-            except UsageError as e:
-                print(f"{commit}: error: {e}")
+            except UsageError as e:  # the plan refuses the checkout (exit 2): counted apart, never as exact
+                print(f"[{group}] {commit} refused: {e}")
+                refused.setdefault(group, []).append(commit)
                 continue
             got = {level_key(e) for e in plan.entries}
             offered = {level_key(e) for e in plan.optional}
             missing, extra = required - got, got - required - arguable
-            verdict = "exact" if not (missing or extra) else "UNDER" if missing else "over"
-            tally = score.setdefault(group, [0, 0, 0, 0])
-            tally[0] += 1
-            tally[1] += verdict == "exact"
-            tally[2] += bool(missing)
-            tally[3] += bool(extra) and not missing
+            verdict = selection_verdict(got, required, arguable)
+            again = second.get(commit[:9])
+            labellings = [(group, (required, arguable))]
+            if again is not None:
+                firsts.setdefault(group, {})[commit[:9]] = (required, arguable)
+                labellings += [(group + " vs second labels", again),
+                               (group + " vs consensus", consensus((required, arguable), again))]
+            for name, (req, arg) in labellings:
+                judged = selection_verdict(got, req, arg)
+                tally = score.setdefault(name, [0, 0, 0, 0])
+                tally[0] += 1
+                tally[1] += judged == "exact"
+                tally[2] += judged == "UNDER"
+                tally[3] += judged == "over"
             print(f"[{group}] {commit} {verdict:5} expected {expected} | got {','.join(sorted(got)) or 'none'}"
                   + (f" (optional: {','.join(sorted(offered))})" if offered else "")
                   + (f" | missing {','.join(sorted(missing))}" if missing else "")
@@ -161,10 +222,16 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(describe(plan, args.verbose)))
         print()
         for group in ("shared", "own-dev", "own-heldout", "own-fresh", "own-s5"):
-            if group in score:
-                n, exact, under, over = score[group]
-                print(f"score {group}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "
-                      f"{over} over-selected")
+            for name in (group, group + " vs second labels", group + " vs consensus"):
+                if name in score:
+                    n, exact, under, over = score[name]
+                    print(f"score {name}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "
+                          f"{over} over-selected")
+            if group in refused:
+                print(f"refused {group}: {len(refused[group])} commit(s) the plan refuses (not in the scores): "
+                      + ", ".join(refused[group]))
+            if group in firsts:
+                print(f"labellers {group}: {agreement(firsts[group], second)}")
         if misses:
             print(f"misses: {', '.join(misses)}")
         if args.extra:

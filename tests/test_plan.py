@@ -261,6 +261,14 @@ def test_a_git_checkout_that_is_no_bridge_is_one_line_and_left_alone(workspace, 
     assert proc.stderr.strip() == (f"error: BRIDGE_REPO {other} is not a Megatron-Bridge checkout (no "
                                    "src/megatron package)")
     assert r.head.commit.hexsha == head and (other / "a.py").read_text() == "x = 2\n"
+    # the package's name before its rename (megatron.hub): verl's imports reach none of it, so no plan either
+    _write(other, "src/megatron/hub/peft/lora.py", "class LoRA:\n    rank = 2\n")
+    old = workspace.invoke("plan", "--bridge-repo", str(other), "--base", "HEAD")
+    assert old.returncode == 2 and "Traceback" not in old.stdout + old.stderr
+    assert old.stderr.strip() == (f"error: BRIDGE_REPO {other} names its package megatron.hub (before its rename to "
+                                  "megatron.bridge): verl imports megatron.bridge, so no verl level can run against "
+                                  "this checkout and the plan cannot follow verl's calls into it")
+    assert (other / "src/megatron/hub/peft/lora.py").read_text() == "class LoRA:\n    rank = 2\n"
     # a dirty Bridge tree is part of the change, never reset or overwritten
     _write(workspace.bridge, SRC + "peft/lora.py", "class LoRA:\n    rank = 2\n")
     before = git.Repo(workspace.bridge).head.commit.hexsha

@@ -131,10 +131,16 @@ def read_change(bridge_repo: Path | str, base: str | None = None) -> Change:
         repo = open_repo(bridge_repo, "BRIDGE_REPO")
     except RepoError as e:
         raise UsageError(str(e)) from None
-    if not (Path(repo.working_tree_dir or ".") / "src" / "megatron").is_dir():
-        # (src/megatron/bridge today; early history named the package src/megatron/hub)
+    package = Path(repo.working_tree_dir or ".") / "src" / "megatron"
+    if not package.is_dir():
         raise UsageError(f"BRIDGE_REPO {repo.working_tree_dir} is not a Megatron-Bridge checkout (no "
                          "src/megatron package)")
+    if not (package / "bridge").is_dir() and (package / "hub").is_dir():
+        # before 2025-07 the package was megatron.hub: verl's `megatron.bridge` imports cannot reach it, so the
+        # plan would follow no verl call into it and say "no level" for any change (a PEFT port included)
+        raise UsageError(f"BRIDGE_REPO {repo.working_tree_dir} names its package megatron.hub (before its rename "
+                         "to megatron.bridge): verl imports megatron.bridge, so no verl level can run against this "
+                         "checkout and the plan cannot follow verl's calls into it")
     base = base or default_base(repo)
     try:
         repo.commit(base)
