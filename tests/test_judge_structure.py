@@ -151,6 +151,10 @@ def test_frame_tables():
     assert frame_category("/x/site-packages/torch/distributed/fsdp/_flat_param.py") is None  # FSDP, no collective
     assert frame_category("/x/verl/verl/checkpoint_engine/nccl_checkpoint_engine.py") == "weight-sync"
     assert frame_category("/x/verl/verl/models/registry.py") == "provider"  # verl's Megatron model registry
+    # verl's data code, as a package (today) or one module (older verl and its forks)
+    assert frame_category("/x/verl/verl/utils/dataset/rl_dataset.py") == "data"
+    assert frame_category("/x/Monet/RL/verl/utils/dataset.py") == "data"
+    assert frame_category("/x/verl/verl/utils/dataset_utils.py") is None
     assert frame_category("/x/verl/verl/models/mcore/loader.py") == "provider"
     schedules = "/opt/Megatron-LM/megatron/core/pipeline_parallel/schedules.py"
     assert frame_category(schedules, "forward_step") is None  # Megatron core running the model

@@ -99,3 +99,26 @@ def test_a_named_actor_another_run_holds_is_ray_not_the_run():
     after_steps = judge_lines(["(TaskRunner pid=7) step:3 - training/global_step:3 - actor/pg_loss:0.1",
                                *RAY_NAME_TAKEN])
     assert (after_steps.result, after_steps.category) == ("Fail", "env-ray-import")
+
+
+# Hydra's own message when the config name the command passes is in none of its search paths (written as Hydra
+# prints it, with the search path it lists)
+HYDRA_MISSING_CONFIG = [
+    "Cannot find primary config 'grpo_trainer_custom'. Check that it's in your config search path.",
+    "",
+    "Config search path:",
+    "\tprovider=hydra, path=pkg://hydra.conf",
+    "\tprovider=main, path=file:///opt/verl/verl/trainer/config",
+    "\tprovider=schema, path=structured://",
+    "",
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+]
+
+
+def test_a_config_name_hydra_cannot_find_is_the_command_s_config():
+    verdict = judge_lines(HYDRA_MISSING_CONFIG)
+    assert (verdict.result, verdict.category) == ("Fail", "config"), verdict.first_error
+    assert verdict.first_error.startswith("Cannot find primary config 'grpo_trainer_custom'")
+    assert "--config-path" in verdict.hint
+    without = judge_lines(HYDRA_MISSING_CONFIG[1:])  # the search path alone names no cause
+    assert without.category == "unknown"

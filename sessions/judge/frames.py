@@ -55,7 +55,7 @@ MODULE_CATEGORIES = tuple((re.compile(rx), category) for rx, category in (
      r"^torch/distributed/checkpoint/|^safetensors/|^megatron/(?:training|bridge/training)/checkpointing", "checkpoint"),
     (r"^verl/workers/reward_manager/|^verl/workers/reward_model/|^verl/utils/reward_score/|^verl/trainer/ppo/reward|"
      r"^verl/experimental/reward|^math_verify/", "reward-model"),
-    (r"^verl/utils/dataset/|^verl/experimental/(?:dynamic_)?dataset/|^datasets/|^pyarrow/", "data"),
+    (r"^verl/utils/dataset(?:/|\.py$)|^verl/experimental/(?:dynamic_)?dataset/|^datasets/|^pyarrow/", "data"),
     (r"^verl/workers/config/|^verl/trainer/config/|^omegaconf/", "config"),
     # the model provider: Megatron-Bridge, mbridge, verl's own mcore model registry, builders and weight loaders
     # (not verl's forward glue in verl/models/mcore/: model_forward*, util, patches run in training)

@@ -36,7 +36,7 @@ SCAN_NEEDLES = (
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
     "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.", "total_epochs",
-    "train dataloader",
+    "train dataloader", "primary config",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -362,6 +362,11 @@ PATTERNS: tuple[Pattern, ...] = (
        result="blocked", covered_by="rror"),
     _p("hydra-override", "Could not override", r"Could not override '([^']+)'", "error", category="config",
        result="blocked", hint=H_RELEASE),
+    # the --config-name (or the script's default) names no config in Hydra's search path: the command is wrong
+    _p("hydra-missing-config", "Cannot find primary config", r"Cannot find primary config '[^']*'", "error",
+       category="config", covered_by="primary config", hint="The config name the command passes (--config-name, or the script's default) is not "
+       "in Hydra's config search path printed below it: pass a config that exists, or the folder that holds it "
+       "with --config-path."),
     _p("hydra-struct", "is not in struct", r"Key '[^']+' is not in struct", "error", category="config",
        result="blocked", hint=H_RELEASE, covered_by="not in struct"),
     _p("rocr", "ROCR_VISIBLE_DEVICES", r"ROCR_VISIBLE_DEVICES", "error", category="env-visible-devices",
