@@ -155,6 +155,11 @@ def test_frame_tables():
     assert frame_category("/x/verl/verl/utils/dataset/rl_dataset.py") == "data"
     assert frame_category("/x/Monet/RL/verl/utils/dataset.py") == "data"
     assert frame_category("/x/verl/verl/utils/dataset_utils.py") is None
+    # SGLang receiving the trainer's weights is the weight push; its generation and its own loading are rollout
+    model_runner = "/x/site-packages/sglang/srt/model_executor/model_runner.py"
+    assert frame_area(model_runner, "update_weights_from_tensor") == "weight-sync"
+    assert frame_category(model_runner, "update_weights_from_tensor") == "rollout"  # the package stays SGLang's
+    assert frame_area(model_runner, "load_model") is None and frame_area(model_runner, "update_weights") is None
     assert frame_category("/x/verl/verl/models/mcore/loader.py") == "provider"
     schedules = "/opt/Megatron-LM/megatron/core/pipeline_parallel/schedules.py"
     assert frame_category(schedules, "forward_step") is None  # Megatron core running the model
