@@ -42,7 +42,7 @@ CASES = {
     "conda_env_named_vllm_actor_build": ("Fail", "unknown", None),  # `envs/vllm/` is no vLLM frame
     "mcore_frames_in_training": ("Fail", "unknown", None),  # megatron.core outside model build: not the provider
     "mcore_frames_while_building": ("Fail", "provider", None),
-    "npu_hccl_init_frames": ("Fail", "nccl", "frames"),
+    "npu_hccl_init_frames": ("Fail", "nccl", "message"),  # HCCL's own error line names it (its frames agree)
     "validate_reward_score_crash": ("Fail", "reward-model", "frames"),
     "dataloader_worker_keyerror": ("Fail", "data", "frames"),
     "model_merger_safetensors": ("Fail", "checkpoint", "frames"),

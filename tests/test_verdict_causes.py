@@ -122,3 +122,21 @@ def test_a_config_name_hydra_cannot_find_is_the_command_s_config():
     assert "--config-path" in verdict.hint
     without = judge_lines(HYDRA_MISSING_CONFIG[1:])  # the search path alone names no cause
     assert without.category == "unknown"
+
+
+def test_ascend_s_collective_library_failing_is_nccl_and_a_pydantic_error_is_where_it_was_raised():
+    hccl = judge_lines(["(TaskRunner pid=30188) RuntimeError: create_config:build/CMakeFiles/torch_npu.dir/"
+                        "compiler_depend.ts:102 HCCL function error: hcclCommInitRootInfoConfig(numRanks, &rootInfo, "
+                        "rank, config, &(comm->hcclComm_)), error code is 4"])
+    assert (hccl.result, hccl.category) == ("Fail", "nccl"), hccl.first_error
+    # a pydantic model the rollout builds per request rejecting its fields: the rollout's, not the run's config
+    rollout = judge_lines([
+        "(AsyncSglangServer pid=41) Traceback (most recent call last):",
+        '(AsyncSglangServer pid=41)   File "/w/verl/verl/workers/rollout/sglang_rollout/sglang_rollout.py", line 1083, '
+        "in chat_completion",
+        "(AsyncSglangServer pid=41)     req = AsyncRolloutRequest(",
+        '(AsyncSglangServer pid=41)   File "/env/site-packages/pydantic/main.py", line 253, in __init__',
+        "(AsyncSglangServer pid=41) pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+        "AsyncRolloutRequest",
+    ])
+    assert (rollout.result, rollout.category) == ("Fail", "rollout"), rollout.first_error

@@ -469,10 +469,11 @@ PATTERNS: tuple[Pattern, ...] = (
             "the image or the device visibility; not a Bridge provider failure."),
     _p("gloo-timeout", "imed out", r"Timed out waiting \d+ ?ms for (?:recv|send)|gloo.*[Tt]imed out", "error",
        category="hang", result="fail"),
+    # (HCCL is Ascend's collective library: torch_npu reports its failures as `HCCL function error: hccl...`)
     _p("nccl-error", "", r"NCCL [Ee]rror|nccl\w*Error|DistBackendError|DistNetworkError|NCCL communicator was "
-       r"aborted|retrieving ncclUniqueId",
+       r"aborted|retrieving ncclUniqueId|HCCL function error|call hccl api failed",
        "error", category="nccl", result="fail",
-       any_of=("NCCL", "nccl", "DistBackendError", "DistNetworkError")),
+       any_of=("NCCL", "nccl", "DistBackendError", "DistNetworkError", "HCCL", "hccl api")),
     _p("nccl-timeout", "ProcessGroupNCCL", r"ProcessGroupNCCL.*(?:[Tt]imeout|abort)", "error", category="hang",
        result="fail"),
     _p("grad-nan", "NaN", r"found NaN in local grad norm|NaN or Inf found|[Ll]oss is NaN", "error",
@@ -529,8 +530,6 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("omegaconf", "omegaconf", r"omegaconf\.errors\.\w+|hydra\.errors\.\w+|ConfigCompositionException|"
        r"ConfigKeyError|ConfigAttributeError", "error", category="config", result="fail", covered_by="rror",
        any_of=("omegaconf", "hydra.errors", "ConfigCompositionException", "ConfigKeyError", "ConfigAttributeError")),
-    _p("pydantic", "ValidationError", r"ValidationError: \d+ validation errors? for", "error", category="config",
-       result="fail", covered_by="rror"),
     # a death, not an actor whose __init__ raised (that exception is the cause), nor the bare type a RayTaskError
     # wrapper names (the ActorDiedError line after it says which)
     _p("actor-died", "", r"(?<!\()ActorDiedError(?!: The actor died because of an error raised in its "
