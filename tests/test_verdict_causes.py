@@ -140,3 +140,16 @@ def test_ascend_s_collective_library_failing_is_nccl_and_a_pydantic_error_is_whe
         "AsyncRolloutRequest",
     ])
     assert (rollout.result, rollout.category) == ("Fail", "rollout"), rollout.first_error
+
+
+def test_taskrunner_run_names_setup_and_only_the_exception_type_says_which_part():
+    def driver(exc: str) -> list[str]:
+        return ["Traceback (most recent call last):",
+                '  File "/w/verl/verl/trainer/main_ppo.py", line 85, in run_ppo',
+                "    ray.get(runner.run.remote(config))",
+                f"ray.exceptions.RayTaskError({exc}): ray::TaskRunner.run() (pid=8, ip=10.0.0.5, actor_id=f5a0, "
+                "repr=<main_ppo.TaskRunner object at 0x7f>)"]
+    # TaskRunner.run() also runs fit(): a RuntimeError raised there, its message and frames cut off, names nothing
+    assert judge_lines(driver("RuntimeError")).category == "unknown"
+    assert judge_lines(driver("FileNotFoundError")).category == "data"
+    assert judge_lines(driver("ValidationError")).category == "config"

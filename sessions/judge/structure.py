@@ -79,7 +79,8 @@ def category_from_structure(area: str | None, frames: str | None, exc_type: str 
     if area == "setup":
         if frames in ("data", "reward-model", "provider", "rollout", "config", "checkpoint", "env-no-gpu"):
             return frames
-        return SETUP_TYPES.get(exc_type or "", "config")
+        # setup is data, config or GPUs: only the exception type can say which (TaskRunner.run() also runs fit())
+        return SETUP_TYPES.get(exc_type or "")
     if area == "worker-creation":
         return frames or "config"
     if area == "model-build":  # init_model builds actor, ref, critic and rollout: the frames say which failed
