@@ -148,6 +148,29 @@ def test_verl_s_own_planned_total_is_dataloader_size_times_epochs():
     assert (explicit.result, explicit.steps_expected) == ("Pass", 5)  # verl's override wins over the formula
 
 
+def _sft_log(last: int, per_epoch: int = 62, epochs: int = 6) -> list[str]:
+    """verl's SFT trainer as a terminal shows it: its tqdm bar (total=steps_per_epoch, desc `Epoch E/N`) redrawn
+    before each metrics line, the bars of later steps cut at the terminal's width before their counts."""
+    lines = []
+    for step in range(1, last + 1):
+        epoch, done = (step - 1) // per_epoch + 1, (step - 1) % per_epoch + 1
+        bar = f"Epoch {epoch}/{epochs}:  {100 * done // per_epoch}%|{'█' * (done % 40)}"
+        lines.append(bar + (f"| {done}/{per_epoch} [00:22<07:00,  7.12s/it]" if step <= 3 else ""))
+        lines.append(f"step:{step} - train/loss:0.19 - train/lr(1e-3):0.0083 - train/time(s):6.06")
+    return lines
+
+
+def test_verl_s_sft_bar_shows_the_planned_total_its_epochs_times_steps_per_epoch():
+    """sft_trainer.py: tqdm(total=self.steps_per_epoch, desc=f"Epoch {epoch + 1}/{total_epochs}"): a log ending in
+    epoch 3 of 6 with no error is not a Pass; the total is the latest bar's (a paste of two runs ends in the last)."""
+    cut = judge_lines(_sft_log(152))
+    assert (cut.result, cut.steps_expected) == ("Fail", 372), cut.summary
+    assert cut.first_error.startswith("no exception line in the log; it ends after step 152 of 372")
+    assert judge_lines(_sft_log(12, per_epoch=4, epochs=3)).result == "Pass"
+    explicit = judge_lines(["Total training steps: 152", *_sft_log(152)])
+    assert (explicit.result, explicit.steps_expected) == ("Pass", 152)  # a printed total wins over the bar's
+
+
 STEPPED = ["+ TOTAL_TRAIN_STEPS=100",
            "(TaskRunner pid=7) step:1 - training/global_step:1 - actor/pg_loss:0.1",
            "(TaskRunner pid=7) step:2 - training/global_step:2 - actor/pg_loss:0.1"]

@@ -602,6 +602,8 @@ class Evidence:
             self.epoch_plan["override"] = int(re.findall(r"trainer\.total_epochs=(\d+)", text)[-1])
         elif fact == "epochs_config":
             self.epoch_plan.setdefault("config", int(match.group(1)))
+        elif fact == "epoch_bar":  # the latest bar's epochs x its steps per epoch: the run the log ends in
+            self.epoch_plan["bar"] = int(match.group(2)) * int(match.group(3))
         elif fact == "adapter_header":
             self.adapter_header = True
         elif fact in ("adapter_total", "adapter_count", "adapter_pct") and self.adapter_header:
@@ -670,7 +672,8 @@ class Evidence:
     def _expected_steps(self) -> tuple[int | None, str]:
         """The planned total: `--steps`, else the largest total any line shows (printed `Total training steps`,
         Hydra override, config dump, the wrapper's TOTAL_TRAIN_STEPS, a tqdm bar's N/M; with none of the explicit
-        ones, verl's own formula: train dataloader size x total_epochs). A run that ends below a planned total it
+        ones, verl's own formula: train dataloader size x total_epochs, or the SFT bar's steps per epoch x its
+        epochs). A run that ends below a planned total it
         printed did not finish (issue 25.2)."""
         if self.steps_expected_arg is not None:
             return self.steps_expected_arg, "given"
@@ -678,6 +681,8 @@ class Evidence:
         epochs = self.epoch_plan.get("override", self.epoch_plan.get("config"))
         if not shown and epochs and self.epoch_plan.get("size"):  # verl's total when total_training_steps is unset
             shown.append((self.epoch_plan["size"] * epochs, "epochs"))
+        if not shown and self.epoch_plan.get("bar"):  # the SFT bar's epochs x its steps per epoch
+            shown.append((self.epoch_plan["bar"], "epoch-bar"))
         if self.bar_total is not None:
             shown.append((self.bar_total, "bar"))
         if not shown:

@@ -36,7 +36,7 @@ SCAN_NEEDLES = (
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
     "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.", "total_epochs",
-    "train dataloader", "primary config",
+    "train dataloader", "primary config", "Epoch ",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -236,6 +236,9 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("epochs-override", "total_epochs", r"trainer\.total_epochs=(\d+)", "fact", fact="epochs_override"),
     _p("epochs-config", "total_epochs", r"total_epochs(?<![\w.]total_epochs)['\"]?\s*[:=]\s*(\d+)", "fact",
        fact="epochs_config"),
+    # verl's SFT trainers' bar: `Epoch E/N: P%|...| n/M` with M the steps of one epoch (tqdm total=steps_per_epoch,
+    # desc f"Epoch {epoch + 1}/{total_epochs}"): M x N is the run's total when no explicit one is shown
+    _p("epoch-bar", "Epoch ", r"Epoch (\d+)/(\d+):\s*\d+%\|[^|]*\|\s*\d+/(\d+)", "fact", fact="epoch_bar"),
     _p("steps-trace", "TOTAL_TRAIN_STEPS=", r"^\++\s+(?:export\s+)?TOTAL_TRAIN_STEPS=(\d+)", "fact",
        fact="trace_steps", covered_by="TRAIN_STEPS"),
     _p("adapter-header", "PEFT Adapter Information", r"PEFT Adapter Information", "fact", fact="adapter_header",
