@@ -153,3 +153,12 @@ def test_taskrunner_run_names_setup_and_only_the_exception_type_says_which_part(
     assert judge_lines(driver("RuntimeError")).category == "unknown"
     assert judge_lines(driver("FileNotFoundError")).category == "data"
     assert judge_lines(driver("ValidationError")).category == "config"
+
+
+def test_a_frame_line_a_paste_cut_before_its_file_marker_is_still_a_frame():
+    # an excerpt that starts mid-line: the first frame lost its `  File "/home/u/` (the data code raised)
+    cut = ['Monet/RL/verl/utils/dataset/rl_dataset.py", line 227, in _build_messages',
+           "    prompt_str: str = example[self.prompt_key]",
+           "KeyError: 'problem'"]
+    assert judge_lines(cut).category == "data"
+    assert judge_lines(cut[1:]).category == "unknown"  # without it nothing says where

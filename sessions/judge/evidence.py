@@ -23,6 +23,7 @@ from sessions.judge.needles import DISPATCH, MAX_MEMO, LongText, search_other, s
 from sessions.judge.patterns import (
     ACTOR_DEATH_CAUSES,
     CORE_METRIC_RE,
+    CUT_FRAME_RE,
     FRAME_RE,
     RAY_WRAPPER_RE,
     Pattern,
@@ -390,8 +391,9 @@ class Evidence:
                 self._step(int(match.group(1)), match.group(2) if match.re is STEP_RE else "", text)
                 return
         stripped = text.lstrip()
-        if stripped.startswith("File \""):
-            frame = FRAME_RE.match(stripped)
+        frame = FRAME_RE.match(stripped) if stripped.startswith("File \"") else (
+            CUT_FRAME_RE.match(stripped) if "\", line " in stripped else None)
+        if frame is not None or stripped.startswith("File \""):
             if frame:
                 self.frames_seen += 1
                 if stripped.endswith((" in fit", " in _fit")):

@@ -36,7 +36,7 @@ SCAN_NEEDLES = (
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
     "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.", "total_epochs",
-    "train dataloader", "primary config", "Epoch ",
+    "train dataloader", "primary config", "Epoch ", "\", line ",
 )
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
@@ -601,6 +601,8 @@ WRAPPED_CATEGORIES = {
 }
 # A traceback frame line: its file (the package, frames.py) and its function (verl's loop area, frames.py).
 FRAME_RE = re.compile(r"""^File "([^"]+)", line \d+(?:, in (\S+))?""")
+# a frame line a paste cut before its `File "` (an excerpt that starts mid-line): the rest of its path, the line
+CUT_FRAME_RE = re.compile(r"""^([^\s"]+\.py)", line \d+(?:, in (\S+))?""")
 # A nested failure in a rollout server (vLLM) names the rollout category when the innermost line is generic.
 ROLLOUT_SOURCE_RE = re.compile(r"vLLM|EngineCore|AgentLoop|sglang|generate_sequences|launch_server")
 
