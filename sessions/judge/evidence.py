@@ -675,8 +675,7 @@ class Evidence:
         """The planned total: `--steps`, else the largest total any line shows (printed `Total training steps`,
         Hydra override, config dump, the wrapper's TOTAL_TRAIN_STEPS, a tqdm bar's N/M; with none of the explicit
         ones, verl's own formula: train dataloader size x total_epochs, or the SFT bar's steps per epoch x its
-        epochs). A run that ends below a planned total it
-        printed did not finish (issue 25.2)."""
+        epochs). A run that ends below a planned total it printed did not finish (issue 25.2)."""
         if self.steps_expected_arg is not None:
             return self.steps_expected_arg, "given"
         shown = [(self.expected[s], s) for s in ("printed", "override", "trace", "config") if s in self.expected]

@@ -367,9 +367,9 @@ PATTERNS: tuple[Pattern, ...] = (
        result="blocked", hint=H_RELEASE),
     # the --config-name (or the script's default) names no config in Hydra's search path: the command is wrong
     _p("hydra-missing-config", "Cannot find primary config", r"Cannot find primary config '[^']*'", "error",
-       category="config", covered_by="primary config", hint="The config name the command passes (--config-name, or the script's default) is not "
-       "in Hydra's config search path printed below it: pass a config that exists, or the folder that holds it "
-       "with --config-path."),
+       category="config", covered_by="primary config",
+       hint="The config name the command passes (--config-name, or the script's default) is not in Hydra's config "
+            "search path printed below it: pass a config that exists, or the folder that holds it with --config-path."),
     _p("hydra-struct", "is not in struct", r"Key '[^']+' is not in struct", "error", category="config",
        result="blocked", hint=H_RELEASE, covered_by="not in struct"),
     _p("rocr", "ROCR_VISIBLE_DEVICES", r"ROCR_VISIBLE_DEVICES", "error", category="env-visible-devices",
