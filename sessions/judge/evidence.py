@@ -393,21 +393,20 @@ class Evidence:
         stripped = text.lstrip()
         frame = FRAME_RE.match(stripped) if stripped.startswith("File \"") else (
             CUT_FRAME_RE.match(stripped) if "\", line " in stripped else None)
-        if frame is not None or stripped.startswith("File \""):
-            if frame:
-                self.frames_seen += 1
-                if stripped.endswith((" in fit", " in _fit")):
-                    self.fit_seen = True
-                area, where = classify_frame(frame.group(1), frame.group(2))
-                self.frame_paths[line.source] = frame.group(1)
-                if area:
-                    self.areas[line.source] = self.areas[ANY_SOURCE] = area
-                if where:
-                    self.wheres[line.source] = self.wheres[ANY_SOURCE] = where
-                if self.open_traceback is None:
-                    self.open_traceback = line
-                if "megatron/bridge" not in text:
-                    return
+        if frame:
+            self.frames_seen += 1
+            if stripped.endswith((" in fit", " in _fit")):
+                self.fit_seen = True
+            area, where = classify_frame(frame.group(1), frame.group(2))
+            self.frame_paths[line.source] = frame.group(1)
+            if area:
+                self.areas[line.source] = self.areas[ANY_SOURCE] = area
+            if where:
+                self.wheres[line.source] = self.wheres[ANY_SOURCE] = where
+            if self.open_traceback is None:
+                self.open_traceback = line
+            if "megatron/bridge" not in text:
+                return
         if stripped.startswith("raise ") and raises_a_config_value(stripped, self.frame_paths.get(line.source)):
             # verl's own code refusing a value it read from the run's config: the frame says "config"
             self.areas[line.source] = self.areas[ANY_SOURCE] = "config"

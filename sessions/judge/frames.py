@@ -109,7 +109,8 @@ DEVICE_INIT_FRAMES = {("torch/cuda/__init__.py", "_lazy_init"), ("torch_npu/npu/
 
 # a rollout engine's functions that exist only to receive the trainer's weights (SGLang's update API): a frame of
 # one is the engine's side of verl's weight push, not its generation (its own model loading is `load_weights`)
-ENGINE_WEIGHT_RECEIVERS = re.compile(r"^(?:vllm|sglang)/"), re.compile(r"^update_weights_from_(?:tensor|distributed|ipc)")
+ROLLOUT_ENGINE_RE = re.compile(r"^(?:vllm|sglang)/")
+WEIGHT_RECEIVER_RE = re.compile(r"^update_weights_from_(?:tensor|distributed|ipc)")
 
 
 def frame_category(path: str, function: str | None = None) -> str | None:
@@ -129,14 +130,14 @@ def frame_category(path: str, function: str | None = None) -> str | None:
 
 def frame_area(path: str, function: str | None) -> str | None:
     """The area of verl's loop a verl frame's function names (None: not a verl frame, or a function of no area); of
-    a rollout engine's frames, only those receiving the trainer's weights name one (ENGINE_WEIGHT_RECEIVERS)."""
+    a rollout engine's frames, only those receiving the trainer's weights name one (WEIGHT_RECEIVER_RE)."""
     if not function:
         return None
     module = module_path(path)
     if module is None:
         return None
-    if ENGINE_WEIGHT_RECEIVERS[0].match(module):
-        return "weight-sync" if ENGINE_WEIGHT_RECEIVERS[1].match(function) else None
+    if ROLLOUT_ENGINE_RE.match(module):
+        return "weight-sync" if WEIGHT_RECEIVER_RE.match(function) else None
     if not module.startswith("verl/"):
         return None
     for function_re, area in FUNCTION_AREAS:
