@@ -27,6 +27,11 @@ import shlex
 from env.settings import TOOL_PREFIX
 
 JOIN_TIMEOUT_S = 600  # a node's Ray never started / never joined: the allocation is broken, stop (exit 3)
+# `ray start` gives up when its raylet has not registered with the GCS within a wait fixed in Ray
+# (`raylet_start_wait_time_s = 30`, ray/_private/node.py): a busy machine, not a broken node. That failure alone
+# is tried again; any other start failure stops the node at once.
+REGISTRATION_TIMEOUT = "The current node timed out during startup"
+START_ATTEMPTS = 3
 
 # Runs in the node's Python, with the workers' PYTHONPATH. argv: output file.
 NODE_PROBE = r"""
@@ -135,14 +140,17 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         'ray_pid=; tmp=/tmp/verl-e2e-ray-${SLURM_JOB_ID:-0}-$(printf %s "$rdv" | cksum | cut -d" " -f1)-$rank',
         # stops exactly the Ray this task started (its own session / process group): at the end, and on
         # scancel / srun's TERM / Ctrl-C too — an orphaned Ray would escape the step (linuxproc tracks by parent)
+        "kill_ray_group() {  # TERM, then KILL, to the process group of the Ray this task started",
+        '  kill -TERM -- -"$1" 2>/dev/null',
+        '  _s=0; while kill -0 -- -"$1" 2>/dev/null && [ "$_s" -lt 50 ]; do sleep 0.2; _s=$((_s+1)); done',
+        '  kill -KILL -- -"$1" 2>/dev/null',
+        '  _s=0; while kill -0 -- -"$1" 2>/dev/null && [ "$_s" -lt 50 ]; do sleep 0.2; _s=$((_s+1)); done',
+        "}",
         "stop_ray() {",
         '  [ -n "$ray_pid" ] || return 0',
         '  pg=$(cat "$rdv/ray-$node.pgid" 2>/dev/null || echo "$ray_pid"); ray_pid=',
         '  if kill -0 -- -"$pg" 2>/dev/null; then',
-        '    kill -TERM -- -"$pg" 2>/dev/null',
-        '    _s=0; while kill -0 -- -"$pg" 2>/dev/null && [ "$_s" -lt 50 ]; do sleep 0.2; _s=$((_s+1)); done',
-        '    kill -KILL -- -"$pg" 2>/dev/null',
-        '    _s=0; while kill -0 -- -"$pg" 2>/dev/null && [ "$_s" -lt 50 ]; do sleep 0.2; _s=$((_s+1)); done',
+        '    kill_ray_group "$pg"',
         f'    echo "{TOOL_PREFIX} node $node: ray stopped"',
         "  else",
         f'    echo "{TOOL_PREFIX} node $node: ray had already exited"; tail -n 20 "$rdv/ray-$node.log"',
@@ -178,17 +186,25 @@ def node_script(*, python: str, ray_port: int, gpus_per_node: int | None, worker
         '  [ -e "$rdv/up-$head" ] || exit 3',
         '  args="--address=${VERL_E2E_RAY_HEAD#*=} $common"',
         "fi",
+        f"for attempt in $(seq 1 {START_ATTEMPTS}); do",
         # its own session: teardown stops exactly this Ray (its process group), nothing else on the machine
-        f"setsid bash -c 'echo $$ > \"$1\"; shift; exec \"$@\"' _ \"$rdv/ray-$node.pgid\" {q(python)} -c "
+        f"  setsid bash -c 'echo $$ > \"$1\"; shift; exec \"$@\"' _ \"$rdv/ray-$node.pgid\" {q(python)} -c "
         f'{q(ray_main)} start $args > "$rdv/ray-$node.log" 2>&1 < /dev/null &',
-        'ray_pid=$!; disown "$ray_pid" 2>/dev/null || true  # stopped by us: no "Killed" line from bash',
-        f'echo "{TOOL_PREFIX} node $node: ray start $args"',
-        'until grep -q "Ray runtime started" "$rdv/ray-$node.log" 2>/dev/null || ! kill -0 "$ray_pid" 2>/dev/null; '
+        '  ray_pid=$!; disown "$ray_pid" 2>/dev/null || true  # stopped by us: no "Killed" line from bash',
+        f'  echo "{TOOL_PREFIX} node $node: ray start $args"',
+        '  until grep -q "Ray runtime started" "$rdv/ray-$node.log" 2>/dev/null || ! kill -0 "$ray_pid" 2>/dev/null; '
         "do sleep 0.2; done",
-        'if ! kill -0 "$ray_pid" 2>/dev/null; then',
+        '  kill -0 "$ray_pid" 2>/dev/null && break',
+        f'  if [ "$attempt" -lt {START_ATTEMPTS} ] && grep -q {q(REGISTRATION_TIMEOUT)} "$rdv/ray-$node.log"; then',
+        # what it left of its raylet goes before the next try (its process group; GCS drops the dead node)
+        '    kill_ray_group "$(cat "$rdv/ray-$node.pgid" 2>/dev/null || echo "$ray_pid")"',
+        f'    echo "{TOOL_PREFIX} node $node: ray start gave up waiting for its raylet to register (Ray\'s fixed '
+        'wait; a loaded node or GCS); starting it again"; cp "$rdv/ray-$node.log" "$rdv/ray-$node.log.$attempt"',
+        "    continue",
+        "  fi",
         f'  echo "{TOOL_PREFIX} node $node: ray start failed:"; tail -n 20 "$rdv/ray-$node.log"',
         '  touch "$rdv/failed-$node"; exit 3',
-        "fi",
+        "done",
         'touch "$rdv/up-$node"',
         f'echo "{TOOL_PREFIX} node $node: ray node up at $ip (pid $ray_pid)"',
         'until [ -e "$rdv/done" ] || ! kill -0 "$ray_pid" 2>/dev/null; do sleep 0.2; done',
