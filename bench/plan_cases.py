@@ -1,7 +1,8 @@
 """Benchmark: `invoke plan` against labelled real Megatron-Bridge commits.
 
     /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone \
-        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--split dev|heldout|fresh|s5|all] \
+        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--s10 bench/plan-cases-s10.tsv] \
+        [--split dev|heldout|fresh|s5|s10|all] \
         [--verl /path/to/verl] [--extra 10] [--verbose]
 
 Two case files: the shared one (TSV: commit, kind, expected_levels, ...) and this project's own
@@ -13,7 +14,9 @@ surface read from --verl, and prints the required levels, the optional ones, and
 required level missing) or over (a level neither required nor arguable). Optional (offered) levels never count as
 selected. At the end: exact / under / over for shared, own-dev, own-heldout and own-fresh (bench/plan-cases-fresh.tsv: a
 second blind labelling of 72 further commits, by a helper who saw neither the planner nor the first labels; never
-tuned on) and own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on).
+tuned on), own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on) and
+own-s10 (bench/plan-cases-s10.tsv: a fourth, 32 commits drawn at random from the Bridge's models/ and peft/ history
+that no other file lists, labelled blind in session 10 by a helper who saw neither the planner nor its files).
 Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh and s5 commits again,
 blind (session 8, by helpers who saw neither the first labels nor the planner). Each group then also scores against
 the second labels and against their consensus (required: what both require; arguable: what either names besides),
@@ -130,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--second", type=Path, default=ROOT / "bench" / "plan-cases-second.tsv",
                     help="a second blind labelling of the own commits (commit, set, kind, expected_levels, note; "
                          "'-' for none): scores against it and against both labellings' consensus")
-    ap.add_argument("--split", choices=("dev", "heldout", "fresh", "s5", "all"), default="all",
+    ap.add_argument("--s10", type=Path, default=ROOT / "bench" / "plan-cases-s10.tsv",
+                    help="a fourth own labelling, split 's10' (session 10, blind, never tuned on; '-' for none)")
+    ap.add_argument("--split", choices=("dev", "heldout", "fresh", "s5", "s10", "all"), default="all",
                     help="which part of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"),
                     help="a current verl checkout (verl-project/verl: an older one lacks the Bridge calls verl "
@@ -156,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         second = read_second(args.second)
     rows = []
     every_case: set[str] = set()  # every labelled commit, whatever its split: --extra never plans a held-out one
-    for path, own in ((args.cases, False), (args.own, True), (args.fresh, True), (args.s5, True)):
+    for path, own in ((args.cases, False), (args.own, True), (args.fresh, True), (args.s5, True),
+                      (args.s10, True)):
         if str(path) == "-":
             continue
         if not path.is_file():
@@ -221,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(commit)
                 print("\n".join(describe(plan, args.verbose)))
         print()
-        for group in ("shared", "own-dev", "own-heldout", "own-fresh", "own-s5"):
+        for group in ("shared", "own-dev", "own-heldout", "own-fresh", "own-s5", "own-s10"):
             for name in (group, group + " vs second labels", group + " vs consensus"):
                 if name in score:
                     n, exact, under, over = score[name]
