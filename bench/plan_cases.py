@@ -29,6 +29,7 @@ or commit) is checked out again at the end, also after an error or Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -190,6 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     firsts: dict[str, dict[str, tuple[set[str], set[str]]]] = {}  # group → commit → the first labels
     refused: dict[str, list[str]] = {}  # group → commits the plan refused (a usage error)
     misses = []
+    # two runs checking out commits in one clone plan each other's trees: the second is refused while a lock holds
+    lock = Path(repo.git_dir) / "plan_cases.lock"
+    try:
+        lock_fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        print(f"error: {args.bridge} is in use by another plan_cases run (pid {lock.read_text().strip() or '?'}); "
+              f"give each run its own clone (or remove {lock} if that run is gone)", file=sys.stderr)
+        return 2
+    os.write(lock_fd, f"{os.getpid()}\n".encode())
+    os.close(lock_fd)
     try:
         for group, row in rows:
             commit, kind, expected = row[0], row[1], row[2]
@@ -260,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(describe(plan, args.verbose)))
     finally:
         repo.git.checkout("-q", start)
+        lock.unlink(missing_ok=True)
     return 0
 
 
