@@ -1160,3 +1160,51 @@ def test_a_parallel_read_kept_as_it_was_by_the_edit_is_no_parallel_change(tmp_pa
     compared = {GPT: base[GPT].replace("get_context_parallel_world_size() == 1",
                                        "get_context_parallel_world_size() <= 2")}
     assert levels(plan_for(tmp_path / "compared", compared, base=base)) == ["L0", "L2d"]
+
+
+LORA_WITH_ADAPTER = {**BRIDGE_BASE, LORA: """
+    class LoRALinear:
+        def __init__(self, base, dim):
+            self.base, self.dim = base, dim
+            self.scale = self.init_weights()
+
+        def init_weights(self):
+            return 0.0
+
+        def forward(self, x):
+            return self.base(x) + self.scale * self.dim * x
+
+
+    class LoRA:
+        def __init__(self, config):
+            self.dim = config.get("dim", 8)
+
+        def _init_target_state(self):
+            return {"linear_qkv": self.dim}
+
+        def __call__(self, model):
+            return self.transform(model)
+
+        def transform(self, module):
+            return LoRALinear(module, self._init_target_state()["linear_qkv"])
+    """}
+
+
+def test_an_adapters_forward_or_weight_initialisation_is_level_5_its_wiring_is_not(tmp_path):
+    # what a LoRA adapter adds to its layer's output (or where its weights start) decides whether it learns: the
+    # procedure's "trainabilité PEFT"; which modules get adapters, or setting up name matching, leaves L5 arguable
+    def plan(name, old, new):
+        return plan_for(tmp_path / name, edit(LORA, old, new, LORA_WITH_ADAPTER), base=LORA_WITH_ADAPTER)
+
+    forward = plan("forward", "return self.base(x) + self.scale * self.dim * x",
+                   "return self.base(x) + (self.scale * self.dim * x) / 2")
+    assert levels(forward) == ["L0", "L1", "L5"]
+    assert [u["unit"] for u in reason_units(forward, "adapter-numerics")] == ["LoRALinear.forward"]
+    init = plan("init", "return 0.0", "return 0.01")
+    assert levels(init) == ["L0", "L1", "L5"]
+    assert [u["unit"] for u in reason_units(init, "adapter-numerics")] == ["LoRALinear.init_weights"]
+    for name, old, new in (("wiring", "return LoRALinear(module, self._init_target_state()[\"linear_qkv\"])",
+                            "return LoRALinear(module, dim=self._init_target_state()[\"linear_qkv\"])"),
+                           ("matching", 'return {"linear_qkv": self.dim}', 'return {"linear_qkv": self.dim + 0}')):
+        other = plan(name, old, new)
+        assert levels(other) == ["L0", "L1"] and "L5" in [e.key for e in other.optional], name

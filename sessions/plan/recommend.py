@@ -226,6 +226,8 @@ def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
         return []
     if rule.within and not _fires(plan_rules.BY_NAME[rule.within], u):
         return []
+    if rule.only_in and not _matches(u.file, rule.only_in):
+        return []
     if expert:
         return sorted(set(topic_hits(rule, list(u.edited_expert), rule.code_topics or rule.topics))) \
             if u.tier == "calls" and rule.code_in and _matches(u.file, rule.code_in) else []

@@ -61,6 +61,7 @@ class Rule:
     code_topics: tuple[str, ...] = ()  # evidence="code": topics for the code's names when narrower than `topics`
     code_in: tuple[str, ...] = ()  # globs where the names of changed code verl runs count, not only its subject
     unless: tuple[str, ...] = ()  # topics that make an identifier mean something else (activation checkpointing)
+    only_in: tuple[str, ...] = ()  # globs outside which the rule never fires (PEFT's own modules)
     sets_in: tuple[str, ...] = ()  # globs where a field the changed code *sets* counts (`moe_aux_loss_coeff = ...`
     # in a provider changes the loss), not only its subject
 
@@ -163,6 +164,14 @@ RULES: tuple[Rule, ...] = (
     Rule("peft-trainability", 5, "PEFT trainability changed: adapters must stay trainable (non-zero trainable "
          "parameters, non-frozen LoRA)", topics=("requires grad", "freeze", "frozen", "trainable", "unfreeze"),
          within="peft"),
+    # what an adapter adds to its layer's output and where its weights start decide whether it learns: not shown
+    # by one update (Level 0) nor by a save/resume (Level 1). Only PEFT's own modules (a model's vision "adapter"
+    # is no PEFT adapter), and only weight initialisation (`_init_target_match_state` sets up name matching)
+    Rule("adapter-numerics", 5, "a PEFT adapter's forward computation or weight initialisation changed: whether "
+         "the adapters still learn (moving, finite updates from their starting weights) is shown only by a "
+         "learning-signal run", topics=("forward", "init weights", "init weight", "init method", "weight init",
+                                         "weights init", "initialize weights", "reset parameters"),
+         only_in=(SRC + "peft/*",)),
     Rule("gradient-flow", 5, "gradient flow changed: no repeated zero grad norms, detached or frozen parameters",
          topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=(SRC + "*",),
          unless=("fusion", "fused")),  # a fused kernel for the same gradients (gradient_accumulation_fusion)
