@@ -17,10 +17,10 @@ second blind labelling of 72 further commits, by a helper who saw neither the pl
 tuned on), own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on) and
 own-s10 (bench/plan-cases-s10.tsv: a fourth, 32 commits drawn at random from the Bridge's models/ and peft/ history
 that no other file lists, labelled blind in session 10 by a helper who saw neither the planner nor its files).
-Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh and s5 commits again,
-blind (session 8, by helpers who saw neither the first labels nor the planner). Each group then also scores against
-the second labels and against their consensus (required: what both require; arguable: what either names besides),
-and prints how the two labellings agree when each is read against the other as a plan is. A commit the plan
+Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh, s5 and s10 commits
+again, blind (session 8; s10 in session 10), by helpers who saw neither the first labels nor the planner. Each
+group then also scores against the second labels and against their consensus (required: what both require;
+arguable: what either names besides), and prints how the two labellings agree when each is read against the other as a plan is. A commit the plan
 refuses (exit 2, e.g. a checkout from before the package's rename) is listed apart, never scored. `--extra N` also plans the N most
 recent first-parent commits no case file lists, for eyeballing. The clone must be clean; its starting HEAD (branch
 or commit) is checked out again at the end, also after an error or Ctrl-C.
