@@ -44,6 +44,14 @@ from env.settings import UsageError  # noqa: E402
 from sessions.plan.planner import analyse, read_change, recommend  # noqa: E402
 
 FEATURE_KEYS = {"custom-layer": "custom", "quantized": "quant"}
+# this project's own labelled sets: option → (file, what it is). `own` has a split column (dev / heldout); every
+# other set is its own split, named like its option, and was never tuned on when it was added.
+OWN_SETS: dict[str, tuple[Path, str]] = {
+    "own": (ROOT / "bench" / "plan-cases-own.tsv", "this project's cases TSV with a split column (dev / heldout)"),
+    "fresh": (ROOT / "bench" / "plan-cases-fresh.tsv", "a second own labelling, split 'fresh' (never tuned on)"),
+    "s5": (ROOT / "bench" / "plan-cases-s5.tsv", "a third own labelling, split 's5' (session 5, never tuned on)"),
+    "s10": (ROOT / "bench" / "plan-cases-s10.tsv", "a fourth, split 's10' (session 10, blind, random draw)"),
+}
 
 
 def parse_expected(text: str) -> tuple[set[str], set[str]]:
@@ -125,18 +133,12 @@ def main(argv: list[str] | None = None) -> int:
                    if (d / "shared" / "plan-cases.tsv").is_file()), ROOT.parent / "shared" / "plan-cases.tsv")
     ap.add_argument("--cases", type=Path, default=shared,
                     help="the shared cases TSV: commit, kind, expected_levels, ... ('-' for none)")
-    ap.add_argument("--own", type=Path, default=ROOT / "bench" / "plan-cases-own.tsv",
-                    help="this project's cases TSV with a split column ('-' for none)")
-    ap.add_argument("--fresh", type=Path, default=ROOT / "bench" / "plan-cases-fresh.tsv",
-                    help="a second own labelling, split 'fresh' (never tuned on; '-' for none)")
-    ap.add_argument("--s5", type=Path, default=ROOT / "bench" / "plan-cases-s5.tsv",
-                    help="a third own labelling, split 's5' (session 5, never tuned on; '-' for none)")
+    for name, (path, what) in OWN_SETS.items():
+        ap.add_argument(f"--{name}", type=Path, default=path, help=f"{what} ('-' for none)")
     ap.add_argument("--second", type=Path, default=ROOT / "bench" / "plan-cases-second.tsv",
                     help="a second blind labelling of the own commits (commit, set, kind, expected_levels, note; "
                          "'-' for none): scores against it and against both labellings' consensus")
-    ap.add_argument("--s10", type=Path, default=ROOT / "bench" / "plan-cases-s10.tsv",
-                    help="a fourth own labelling, split 's10' (session 10, blind, never tuned on; '-' for none)")
-    ap.add_argument("--split", choices=("dev", "heldout", "fresh", "s5", "s10", "all"), default="all",
+    ap.add_argument("--split", choices=("dev", "heldout", *list(OWN_SETS)[1:], "all"), default="all",
                     help="which part of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"),
                     help="a current verl checkout (verl-project/verl: an older one lacks the Bridge calls verl "
@@ -162,8 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         second = read_second(args.second)
     rows = []
     every_case: set[str] = set()  # every labelled commit, whatever its split: --extra never plans a held-out one
-    for path, own in ((args.cases, False), (args.own, True), (args.fresh, True), (args.s5, True),
-                      (args.s10, True)):
+    for path, own in ((args.cases, False), *((getattr(args, name), True) for name in OWN_SETS)):
         if str(path) == "-":
             continue
         if not path.is_file():
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(commit)
                 print("\n".join(describe(plan, args.verbose)))
         print()
-        for group in ("shared", "own-dev", "own-heldout", "own-fresh", "own-s5", "own-s10"):
+        for group in ("shared", "own-dev", "own-heldout", *(f"own-{name}" for name in list(OWN_SETS)[1:])):
             for name in (group, group + " vs second labels", group + " vs consensus"):
                 if name in score:
                     n, exact, under, over = score[name]
