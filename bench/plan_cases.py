@@ -51,6 +51,7 @@ OWN_SETS: dict[str, tuple[Path, str]] = {
     "fresh": (ROOT / "bench" / "plan-cases-fresh.tsv", "a second own labelling, split 'fresh' (never tuned on)"),
     "s5": (ROOT / "bench" / "plan-cases-s5.tsv", "a third own labelling, split 's5' (session 5, never tuned on)"),
     "s10": (ROOT / "bench" / "plan-cases-s10.tsv", "a fourth, split 's10' (session 10, blind, random draw)"),
+    "s11": (ROOT / "bench" / "plan-cases-s11.tsv", "a fifth, split 's11' (session 11, blind, random draw)"),
 }
 
 
