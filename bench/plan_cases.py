@@ -1,8 +1,8 @@
 """Benchmark: `invoke plan` against labelled real Megatron-Bridge commits.
 
     /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone \
-        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--s10 bench/plan-cases-s10.tsv] \
-        [--split dev|heldout|fresh|s5|s10|all] \
+        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--s10 bench/plan-cases-s10.tsv] [--s11 ...] \
+        [--split dev|heldout|fresh|s5|s10|s11|all] \
         [--verl /path/to/verl] [--extra 10] [--verbose]
 
 Two case files: the shared one (TSV: commit, kind, expected_levels, ...) and this project's own
@@ -16,9 +16,11 @@ selected. At the end: exact / under / over for shared, own-dev, own-heldout and 
 second blind labelling of 72 further commits, by a helper who saw neither the planner nor the first labels; never
 tuned on), own-s5 (bench/plan-cases-s5.tsv: a third, 40 commits labelled blind in session 5; never tuned on) and
 own-s10 (bench/plan-cases-s10.tsv: a fourth, 32 commits drawn at random from the Bridge's models/ and peft/ history
-that no other file lists, labelled blind in session 10 by a helper who saw neither the planner nor its files).
+that no other file lists, labelled blind in session 10 by a helper who saw neither the planner nor its files) and
+own-s11 (bench/plan-cases-s11.tsv: a fifth, 36 drawn the same way in session 11 and labelled twice, blind; the misses
+of its odd-numbered rows (1st, 3rd, ...) were looked at, its even-numbered rows' never).
 Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh, s5 and s10 commits
-again, blind (session 8; s10 in session 10), by helpers who saw neither the first labels nor the planner. Each
+again, blind (session 8; s10 in session 10, s11 in session 11), by helpers who saw neither the first labels nor the planner. Each
 group then also scores against the second labels and against their consensus (required: what both require;
 arguable: what either names besides), and prints how the two labellings agree when each is read against the other as a plan is. A commit the plan
 refuses (exit 2, e.g. a checkout from before the package's rename) is listed apart, never scored. `--extra N` also plans the N most
@@ -53,6 +55,8 @@ OWN_SETS: dict[str, tuple[Path, str]] = {
     "s10": (ROOT / "bench" / "plan-cases-s10.tsv", "a fourth, split 's10' (session 10, blind, random draw)"),
     "s11": (ROOT / "bench" / "plan-cases-s11.tsv", "a fifth, split 's11' (session 11, blind, random draw)"),
 }
+# sets whose misses were looked at in their odd-numbered rows only: each half is also scored apart
+HALVED = {"s11"}
 
 
 def parse_expected(text: str) -> tuple[set[str], set[str]]:
@@ -173,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         lines = path.read_text().splitlines()
         header = lines[0].split("\t")
-        for line in lines[1:]:
-            if not line.strip():
-                continue
+        for position, line in enumerate((x for x in lines[1:] if x.strip()), start=1):
             cells = line.split("\t")
             every_case.add(cells[0][:9])
             group = "shared"
@@ -185,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.split != "all" and split != args.split:
                     continue
                 group = f"own-{split}"
-            rows.append((group, cells))
+            half = (f"{group} odd rows (looked at)" if position % 2 else f"{group} even rows (never opened)") \
+                if own and split in HALVED else None
+            rows.append((group, cells, half))
     if args.only:
-        rows = [(g, r) for g, r in rows if r[0] in args.only.split(",")]
+        rows = [(g, r, h) for g, r, h in rows if r[0] in args.only.split(",")]
     start = repo.active_branch.name if not repo.head.is_detached else repo.head.commit.hexsha
     score: dict[str, list[int]] = {}  # group → [cases, exact, under, over]
     firsts: dict[str, dict[str, tuple[set[str], set[str]]]] = {}  # group → commit → the first labels
@@ -204,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     os.write(lock_fd, f"{os.getpid()}\n".encode())
     os.close(lock_fd)
     try:
-        for group, row in rows:
+        for group, row, half in rows:
             commit, kind, expected = row[0], row[1], row[2]
             required, arguable = parse_expected(expected)
             t0 = time.time()
@@ -219,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             missing, extra = required - got, got - required - arguable
             verdict = selection_verdict(got, required, arguable)
             again = second.get(commit[:9])
-            labellings = [(group, (required, arguable))]
+            labellings = [(group, (required, arguable))] + ([(half, (required, arguable))] if half else [])
             if again is not None:
                 firsts.setdefault(group, {})[commit[:9]] = (required, arguable)
                 labellings += [(group + " vs second labels", again),
@@ -241,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(describe(plan, args.verbose)))
         print()
         for group in ("shared", "own-dev", "own-heldout", *(f"own-{name}" for name in list(OWN_SETS)[1:])):
-            for name in (group, group + " vs second labels", group + " vs consensus"):
+            for name in (group, group + " odd rows (looked at)", group + " even rows (never opened)",
+                         group + " vs second labels", group + " vs consensus"):
                 if name in score:
                     n, exact, under, over = score[name]
                     print(f"score {name}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "
