@@ -1208,3 +1208,33 @@ def test_an_adapters_forward_or_weight_initialisation_is_level_5_its_wiring_is_n
                            ("matching", 'return {"linear_qkv": self.dim}', 'return {"linear_qkv": self.dim + 0}')):
         other = plan(name, old, new)
         assert levels(other) == ["L0", "L1"] and "L5" in [e.key for e in other.optional], name
+
+
+def test_family_code_its_layer_modules_call_is_custom_layer_wherever_it_is_defined(tmp_path):
+    # a helper in another file of the family's folder that its attention's forward calls runs inside the layer;
+    # one only its bridge calls (config translation) does not
+    base = _qwen_with_own_layers()
+    base[B + "models/qwen/qwen3_helpers.py"] = (
+        "def rotate_half(x):\n"
+        "    return x * 2\n\n\n"
+        "def hf_head_dim(hf_config):\n"
+        "    return hf_config.hidden_size // 2\n")
+    layers = B + "models/qwen/qwen3_layers.py"
+    base[layers] = ("from megatron.bridge.models.qwen.qwen3_helpers import rotate_half\n" + base[layers]).replace(
+        "out = hidden_states * 2", "out = rotate_half(hidden_states)")
+    base[QWEN] = base[QWEN].replace(
+        "from megatron.bridge.models.qwen.qwen3_layers import qwen3_layer_spec\n",
+        "from megatron.bridge.models.qwen.qwen3_layers import qwen3_layer_spec\n"
+        "from megatron.bridge.models.qwen.qwen3_helpers import hf_head_dim\n").replace(
+        "provider.hidden_size = hf_config.hidden_size\n",
+        "provider.hidden_size = hf_config.hidden_size\n        provider.kv_channels = hf_head_dim(hf_config)\n")
+    helpers = base[B + "models/qwen/qwen3_helpers.py"]
+    in_layer = {B + "models/qwen/qwen3_helpers.py": helpers.replace("return x * 2", "return x * 3")}
+    plan = plan_for(tmp_path / "a", in_layer, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    fams, feats = next(e for e in plan.entries if e.key == "L4:custom-layer").justified_by()
+    assert fams == ["Qwen3Bridge"]
+    assert any("Qwen3GatedAttention" in f and "runs the changed code" in f for f in feats["custom-layer"]), feats
+    in_config = {B + "models/qwen/qwen3_helpers.py": helpers.replace("// 2", "// 4")}
+    assert levels(plan_for(tmp_path / "b", in_config, base=base)) == ["L0"]
+

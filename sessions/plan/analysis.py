@@ -315,7 +315,8 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             f: fam.sites.by_feature[f][:3] for f in fam.features()},
             "new": bool(span) and span <= added_by_file.get(bridge.file, set()),
             "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
-            or shared_layer,
+            or shared_layer or key in fam.layer_helpers,
+            "layer_via": fam.layer_helpers.get(key, "").split(":", 1)[-1],  # the layer code that calls it
             "own": fam.folder == plan_features.folder_of(unit.file) or bool(users & fam.units),
             # (else it calls into another family's code)
             "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units)

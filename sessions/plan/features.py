@@ -219,6 +219,7 @@ class FamilyModel:
     config_units: set[str] = field(default_factory=set)  # its bridge and provider classes (with their methods)
     builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
     layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
+    layer_helpers: dict[str, str] = field(default_factory=dict)  # unit → the layer unit that reaches it (not config)
 
     @property
     def name(self) -> str:
@@ -287,8 +288,29 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
             nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
             fam.sites.update(sites_in(nodes, file=unit.file))
         _config_code(index, fam)
+        _layer_helpers(index, fam)
         out.append(fam)
     return out
+
+
+def _layer_helpers(index: BridgeIndex, fam: FamilyModel) -> None:
+    """The family's own code its layer modules and specs reach through their calls (a rotary helper its attention's
+    forward calls, a norm its spec builds from another file): run inside the layers, so a change there is custom
+    layer behaviour wherever the helper is defined. The bridge and provider classes a layer refers to (its config's
+    type) are config code, not part of the layer."""
+    stack = [(r, k) for k in sorted(fam.layer_units) for r in index.units[k].refs]
+    while stack:
+        k, via = stack.pop()
+        if k not in fam.units or k in fam.layer_units or k in fam.layer_helpers or k in fam.config_units \
+                or k == fam.bridge:
+            continue
+        unit = index.units[k]
+        if unit.kind == "module":
+            continue
+        fam.layer_helpers[k] = via
+        stack += [(r, via) for r in unit.refs]
+        if unit.kind == "class":
+            stack += [(m, via) for m in unit.methods.values()]
 
 
 # What the family *builds*: its bridge (provider_bridge, mapping_registry: the HF config and weights it maps) and its

@@ -337,7 +337,9 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
                     f"{fam['family']}'s HF weights are quantized and the change is on the way verl moves them "
                     f"({moving[0]})", builds["quantized"]))
         if fam["layer"]:
-            take["custom-layer"] = (f"{fam['family']}'s own layer code changed" if own else
+            take["custom-layer"] = (f"{fam['family']}'s layer code {fam['layer_via']} runs the changed code"
+                                    if fam.get("layer_via") else
+                                    f"{fam['family']}'s own layer code changed" if own else
                                     f"{fam['family']}'s layer specs build the changed layer module",
                                     feats.get("custom-layer") or ["its own layer code"])
         elif own and fam.get("layer_reads") and not u.passes_through:
