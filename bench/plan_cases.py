@@ -19,7 +19,7 @@ own-s10 (bench/plan-cases-s10.tsv: a fourth, 32 commits drawn at random from the
 that no other file lists, labelled blind in session 10 by a helper who saw neither the planner nor its files) and
 own-s11 (bench/plan-cases-s11.tsv: a fifth, 36 drawn the same way in session 11 and labelled twice, blind; the misses
 of its odd-numbered rows (1st, 3rd, ...) were looked at, its even-numbered rows' never).
-Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh, s5 and s10 commits
+Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh, s5, s10 and s11 commits
 again, blind (session 8; s10 in session 10, s11 in session 11), by helpers who saw neither the first labels nor the planner. Each
 group then also scores against the second labels and against their consensus (required: what both require;
 arguable: what either names besides), and prints how the two labellings agree when each is read against the other as a plan is. A commit the plan
@@ -55,8 +55,10 @@ OWN_SETS: dict[str, tuple[Path, str]] = {
     "s10": (ROOT / "bench" / "plan-cases-s10.tsv", "a fourth, split 's10' (session 10, blind, random draw)"),
     "s11": (ROOT / "bench" / "plan-cases-s11.tsv", "a fifth, split 's11' (session 11, blind, random draw)"),
 }
+SPLIT_SETS = [name for name in OWN_SETS if name != "own"]  # the sets that are a split of their own
 # sets whose misses were looked at in their odd-numbered rows only: each half is also scored apart
 HALVED = {"s11"}
+HALVES = ("odd rows (looked at)", "even rows (never opened)")  # row 1, 3, ... / row 2, 4, ...
 
 
 def parse_expected(text: str) -> tuple[set[str], set[str]]:
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--second", type=Path, default=ROOT / "bench" / "plan-cases-second.tsv",
                     help="a second blind labelling of the own commits (commit, set, kind, expected_levels, note; "
                          "'-' for none): scores against it and against both labellings' consensus")
-    ap.add_argument("--split", choices=("dev", "heldout", *list(OWN_SETS)[1:], "all"), default="all",
+    ap.add_argument("--split", choices=("dev", "heldout", *SPLIT_SETS, "all"), default="all",
                     help="which part of the own cases to run (develop on dev only)")
     ap.add_argument("--verl", type=Path, default=Path("/work/upstream/verl-head"),
                     help="a current verl checkout (verl-project/verl: an older one lacks the Bridge calls verl "
@@ -187,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.split != "all" and split != args.split:
                     continue
                 group = f"own-{split}"
-            half = (f"{group} odd rows (looked at)" if position % 2 else f"{group} even rows (never opened)") \
-                if own and split in HALVED else None
+            half = f"{group} {HALVES[1 - position % 2]}" if own and split in HALVED else None
             rows.append((group, cells, half))
     if args.only:
         rows = [(g, r, h) for g, r, h in rows if r[0] in args.only.split(",")]
@@ -244,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                 misses.append(commit)
                 print("\n".join(describe(plan, args.verbose)))
         print()
-        for group in ("shared", "own-dev", "own-heldout", *(f"own-{name}" for name in list(OWN_SETS)[1:])):
-            for name in (group, group + " odd rows (looked at)", group + " even rows (never opened)",
-                         group + " vs second labels", group + " vs consensus"):
+        for group in ("shared", "own-dev", "own-heldout", *(f"own-{name}" for name in SPLIT_SETS)):
+            for name in (group, *(f"{group} {h}" for h in HALVES), group + " vs second labels",
+                         group + " vs consensus"):
                 if name in score:
                     n, exact, under, over = score[name]
                     print(f"score {name}: {exact}/{n} exact ({100 * exact / n:.0f} %), {under} under-selected, "
