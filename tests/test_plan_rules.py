@@ -1238,3 +1238,30 @@ def test_family_code_its_layer_modules_call_is_custom_layer_wherever_it_is_defin
     in_config = {B + "models/qwen/qwen3_helpers.py": helpers.replace("// 2", "// 4")}
     assert levels(plan_for(tmp_path / "b", in_config, base=base)) == ["L0"]
 
+
+
+def _families_naming_their_weights() -> dict[str, str]:
+    # Qwen3 maps a dense MLP weight, OLMoE an expert weight under a name of its own (`w1`, like MiniMax-M2's)
+    base = dict(BRIDGE_BASE)
+    base[QWEN] = textwrap.dedent(base[QWEN]).replace(
+        "return [AutoMapping()]", 'return [AutoMapping(hf_param="model.layers.*.mlp.gate_proj.weight")]')
+    base[OLMOE] = textwrap.dedent(base[OLMOE]).replace(
+        "return [AutoMapping(), ExpertMapping()]",
+        'return [AutoMapping(hf_param="model.layers.*.mlp.gate_proj.weight"),\n'
+        '                ExpertMapping(hf_param="model.layers.*.mlp.experts.*.w1.weight")]')
+    return base
+
+
+@pytest.mark.parametrize("fragment, moe", [(".w1.", True), ("gate_proj", False)])
+def test_shared_code_picking_weights_by_a_name_fragment_serves_the_weights_holding_it(tmp_path, fragment, moe):
+    # shared conversion code that recognises a weight-name fragment: the weights the bridges map under it decide
+    # the feature — only experts hold `.w1.`; dense and expert weights both hold `gate_proj`
+    base = _families_naming_their_weights()
+    change = edit(MAPPING, "def hf_to_megatron(self, weights):\n    return weights",
+                  f'def hf_to_megatron(self, weights):\n    if "{fragment}" in self.hf_param:\n'
+                  "        return weights[::-1]\n    return weights", base=base)
+    plan = plan_for(tmp_path, change, base=base)
+    assert ("L4:moe" in levels(plan)) is moe
+    if moe:
+        _, feats = next(e for e in plan.entries if e.key == "L4:moe").justified_by()
+        assert any("'.w1.' names only moe weights" in fact and "olmoe" in fact for fact in feats["moe"])

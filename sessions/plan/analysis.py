@@ -293,6 +293,16 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
         for w in structural.by_feature.get("custom-layer", []):
             touched.add("custom-layer", w)
+    if tier in ("calls", "api") and plan_features.folder_of(unit.file) is None:
+        # shared conversion code that picks weights by a name fragment serves the weights holding it: the
+        # features all of them are of (`".w1."` only in a MoE family's expert names), not the fragment's words
+        for fragment in dict.fromkeys(ev.strings):
+            if plan_features.feature_of_name(fragment):
+                continue  # its own words already say it
+            feats, folders = plan_features.weight_fragment_features(index, fragment)
+            for f, names in feats.items():
+                touched.add(f, f"'{fragment}' names only {f} weights: {names[0]}"
+                               + (f" and {len(folders) - 1} more folders" if len(folders) > 1 else ""))
     if tier == "calls" and unit.kind in ("function", "method") and not verl_calls:
         # (a function verl calls itself is no helper of its Bridge callers' features: verl is a caller too)
         for f, callers in _callers_feature(index, unit).items():

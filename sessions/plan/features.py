@@ -421,6 +421,44 @@ def family_users(index: BridgeIndex, key: str, seen: frozenset[str] = frozenset(
     return out
 
 
+# a weight name a bridge maps: dotted parts with a layer wildcard or a weight/bias leaf
+# (`model.layers.*.block_sparse_moe.experts.*.w1.weight`, `decoder.layers.*.mlp.linear_fc1.weight`)
+WEIGHT_NAME = re.compile(r"[\w*]+(?:\.[\w*]+)*\.(?:\*|weight|bias)(?:\.[\w*]+)*|[\w]+(?:\.[\w*]+)*\.\*\.[\w.*]+")
+
+
+def weight_names(index: BridgeIndex) -> list[tuple[str, str]]:
+    """(weight name, model folder) for every weight-name string in a model folder's code: the HF and Megatron
+    names its bridges map. Shared conversion code that matches a fragment of them serves those weights."""
+    return _per_index(index, "_weight_names_cache", _build_weight_names)
+
+
+def _build_weight_names(index: BridgeIndex) -> list[tuple[str, str]]:
+    _load_all(index)
+    out = set()
+    for u in list(index.units.values()):
+        folder = folder_of(u.file)
+        if folder is None or u.kind != "module" or u.node is None:
+            continue
+        for n in ast.walk(u.node):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and WEIGHT_NAME.fullmatch(n.value):
+                out.add((n.value, folder))
+    return sorted(out)
+
+
+def weight_fragment_features(index: BridgeIndex, fragment: str) -> tuple[dict[str, list[str]], list[str]]:
+    """The features every weight name holding `fragment` is a fact of (`".w1."` is only in MiniMax-M2's expert
+    names → moe), with the names it matched: code that picks weights by the fragment handles those weights only.
+    A fragment some dense weight also holds (`gate_proj`) is of no feature; a prefix filter (`"vision_tower."`
+    at the start of names: which sub-model's weights to skip) is not a kind of weight."""
+    if len(fragment.strip("._*")) < 2:
+        return {}, []
+    hits = [(w, folder) for w, folder in weight_names(index) if fragment in w]
+    if not hits or any(w.startswith(fragment) for w, _ in hits) and fragment.endswith("."):
+        return {}, []
+    common = set.intersection(*(set(feature_of_name(w)) for w, _ in hits))
+    return {f: [f"{w} ({folder})" for w, folder in hits[:2]] for f in sorted(common)}, sorted({f for _, f in hits})
+
+
 def _load_all(index: BridgeIndex) -> None:
     if not getattr(index, "_all_loaded", False):
         for m in list(index.modules.files):
