@@ -1265,3 +1265,40 @@ def test_shared_code_picking_weights_by_a_name_fragment_serves_the_weights_holdi
     if moe:
         _, feats = next(e for e in plan.entries if e.key == "L4:moe").justified_by()
         assert any("'.w1.' names only moe weights" in fact and "olmoe" in fact for fact in feats["moe"])
+
+
+def _hybrid_family() -> dict[str, str]:
+    # a hybrid family: its provider builds Megatron-Core's Mamba mixers in the layers its pattern marks `M`
+    return _with_family("hyb", "hyb_bridge", "HybBridge", (
+        MAPPING_BRIDGE_IMPORTS +
+        "class HybModelProvider(GPTModelProvider):\n"
+        "    hybrid_layer_pattern: str = 'M*M*'\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='HybForCausalLM')\n"
+        "class HybBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = HybModelProvider()\n"
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        provider.mamba_num_heads = hf_config.mamba_num_heads\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping('backbone.layers.*.mixer.in_proj.weight')]\n"))
+
+
+def test_a_mamba_mixer_setting_is_custom_layer_like_linear_attention(tmp_path):
+    # Mamba mixers in place of attention are a layer kind of their own, as linear attention is: a change to what
+    # they are built with involves them; the same family's hidden size does not
+    base = _hybrid_family()
+    hyb = B + "models/hyb/hyb_bridge.py"
+    mixer = edit(hyb, "provider.mamba_num_heads = hf_config.mamba_num_heads",
+                 "provider.mamba_num_heads = hf_config.mamba_num_heads\n"
+                 "provider.mamba_chunk_size = hf_config.chunk_size", base=base)
+    assert "L4:custom-layer" in levels(plan_for(tmp_path, mixer, base=base))
+    hidden = edit(hyb, "provider.hidden_size = hf_config.hidden_size",
+                  "provider.hidden_size = int(hf_config.hidden_size)", base=base)
+    assert "L4:custom-layer" not in levels(plan_for(tmp_path / "hidden", hidden, base=base))
+
+
+def test_mamba_is_a_word_of_its_own():
+    from sessions.plan.features import feature_of_name
+    assert feature_of_name("mamba_chunk_size") == ["custom-layer"]
+    assert feature_of_name("MambaModelProvider") == ["custom-layer"]

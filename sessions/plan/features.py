@@ -51,7 +51,9 @@ FEATURE_WORDS: dict[str, tuple[str, ...]] = {
 ORDERED_FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     # a layer kind of its own that Megatron-Core builds from the provider's settings (`linear_attention_type =
     # "gated_delta_net"`): linear-attention layers in place of softmax attention, whatever spec function is used
-    "custom-layer": ("linear attention",),
+    # Mamba (SSM) mixers in place of attention, built the same way from the provider's settings (`mamba_num_heads`,
+    # `mamba_chunk_size`, a hybrid layer pattern's `M` layers)
+    "custom-layer": ("linear attention", "mamba"),
 }
 # custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
 LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")
