@@ -612,18 +612,28 @@ MAPPING_BRIDGE_IMPORTS = (
 )
 
 
-def _vl_moe_family() -> dict[str, str]:
-    return _with_family("step_vl", "step_vl_bridge", "StepVLBridge", (
-        MAPPING_BRIDGE_IMPORTS +
-        "@MegatronModelBridge.register_bridge(source='StepVLForConditionalGeneration')\n"
-        "class StepVLBridge(MegatronModelBridge):\n"
+def _one_bridge_family(folder: str, cls: str, arch: str, provider_lines: list[str], mappings: list[str] | None = None,
+                       provider: str = "GPTModelProvider", before: str = "", after: str = "",
+                       head: str = "") -> dict[str, str]:
+    """BRIDGE_BASE plus a family of one bridge (`models/<folder>/<folder>_bridge.py`) whose provider_bridge sets
+    `provider_lines` on a `provider` and whose mapping_registry maps `mappings` (AutoMapping each); `before`: module
+    code above the bridge, `after`: its further methods, `head`: lines above the imports."""
+    maps = ",\n                ".join(f"AutoMapping({m!r})" for m in mappings) if mappings else "AutoMapping()"
+    return _with_family(folder, f"{folder}_bridge", cls, (
+        head + MAPPING_BRIDGE_IMPORTS + before +
+        f"@MegatronModelBridge.register_bridge(source={arch!r})\n"
+        f"class {cls}(MegatronModelBridge):\n"
         "    def provider_bridge(self, hf_config):\n"
-        "        provider = GPTModelProvider()\n"
-        "        provider.num_moe_experts = hf_config.text_config.num_experts\n"
+        f"        provider = {provider}()\n" + "".join(f"        {line}\n" for line in provider_lines) +
         "        return provider\n\n"
         "    def mapping_registry(self):\n"
-        "        return [AutoMapping('language_model.layers.*.mlp.experts.*.up_proj.weight'),\n"
-        "                AutoMapping('vision_model.ln_pre.weight')]\n"))
+        f"        return [{maps}]\n" + after))
+
+
+def _vl_moe_family() -> dict[str, str]:
+    return _one_bridge_family("step_vl", "StepVLBridge", "StepVLForConditionalGeneration",
+                              ["provider.num_moe_experts = hf_config.text_config.num_experts"],
+                              ["language_model.layers.*.mlp.experts.*.up_proj.weight", "vision_model.ln_pre.weight"])
 
 
 def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
@@ -638,20 +648,12 @@ def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
 
 
 def _family_with_quantized_checkpoint() -> dict[str, str]:
-    return _with_family("dsq", "dsq_bridge", "DsqBridge", (
-        MAPPING_BRIDGE_IMPORTS +
-        "def _dequant_fp8_blockwise(weight, scale_inv):\n"
-        "    return weight * scale_inv\n\n\n"
-        "@MegatronModelBridge.register_bridge(source='DsqForCausalLM')\n"
-        "class DsqBridge(MegatronModelBridge):\n"
-        "    def provider_bridge(self, hf_config):\n"
-        "        provider = GPTModelProvider()\n"
-        "        provider.hidden_size = hf_config.hidden_size\n"
-        "        return provider\n\n"
-        "    def mapping_registry(self):\n"
-        "        return [AutoMapping('model.layers.*.self_attn.q_proj.weight')]\n\n"
-        "    def maybe_modify_loaded_hf_weight(self, name, weights):\n"
-        "        return _dequant_fp8_blockwise(weights[name], weights[name + '_scale_inv'])\n"))
+    return _one_bridge_family(
+        "dsq", "DsqBridge", "DsqForCausalLM", ["provider.hidden_size = hf_config.hidden_size"],
+        ["model.layers.*.self_attn.q_proj.weight"],
+        before="def _dequant_fp8_blockwise(weight, scale_inv):\n    return weight * scale_inv\n\n\n",
+        after="\n    def maybe_modify_loaded_hf_weight(self, name, weights):\n"
+              "        return _dequant_fp8_blockwise(weights[name], weights[name + '_scale_inv'])\n")
 
 
 def test_quantized_checkpoint_family_on_its_weight_import_is_quant(tmp_path):
@@ -1006,18 +1008,10 @@ def test_shared_code_only_one_familys_bridge_uses_serves_that_family(tmp_path):
 
 
 def _new_family_reading_tp() -> dict[str, str]:
-    base = _with_family("newarch", "newarch_bridge", "NewArchBridge", (
-        "from megatron.core import parallel_state\n" +
-        MAPPING_BRIDGE_IMPORTS +
-        "@MegatronModelBridge.register_bridge(source='NewArchForCausalLM')\n"
-        "class NewArchBridge(MegatronModelBridge):\n"
-        "    def provider_bridge(self, hf_config):\n"
-        "        provider = GPTModelProvider()\n"
-        "        provider.heads = hf_config.heads // parallel_state.get_tensor_model_parallel_world_size()\n"
-        "        return provider\n\n"
-        "    def mapping_registry(self):\n"
-        "        return [AutoMapping()]\n"))
-    return base
+    return _one_bridge_family(
+        "newarch", "NewArchBridge", "NewArchForCausalLM",
+        ["provider.heads = hf_config.heads // parallel_state.get_tensor_model_parallel_world_size()"],
+        head="from megatron.core import parallel_state\n")
 
 
 def test_a_new_providers_own_parallel_code_offers_level2_as_a_follow_up(tmp_path):
@@ -1112,19 +1106,12 @@ def test_expert_tensor_parallelism_is_the_moe_variant_not_dense_tp(tmp_path):
 
 def _family_with_linear_attention() -> dict[str, str]:
     # its provider selects Megatron-Core's linear-attention layers (gated delta net) through the standard GPT spec
-    return _with_family("nextarch", "nextarch_bridge", "NextArchBridge", (
-        MAPPING_BRIDGE_IMPORTS +
-        "class NextArchModelProvider(GPTModelProvider):\n"
-        "    linear_attention_type: str = 'gated_delta_net'\n"
-        "    linear_attention_freq: int = 4\n\n\n"
-        "@MegatronModelBridge.register_bridge(source='NextArchForCausalLM')\n"
-        "class NextArchBridge(MegatronModelBridge):\n"
-        "    def provider_bridge(self, hf_config):\n"
-        "        provider = NextArchModelProvider()\n"
-        "        provider.hidden_size = hf_config.hidden_size\n"
-        "        return provider\n\n"
-        "    def mapping_registry(self):\n"
-        "        return [AutoMapping('model.layers.*.linear_attn.in_proj_qkvz.weight')]\n"))
+    return _one_bridge_family(
+        "nextarch", "NextArchBridge", "NextArchForCausalLM", ["provider.hidden_size = hf_config.hidden_size"],
+        ["model.layers.*.linear_attn.in_proj_qkvz.weight"], provider="NextArchModelProvider",
+        before="class NextArchModelProvider(GPTModelProvider):\n"
+               "    linear_attention_type: str = 'gated_delta_net'\n"
+               "    linear_attention_freq: int = 4\n\n\n")
 
 
 def test_a_new_family_with_linear_attention_layers_is_custom_layer(tmp_path):
@@ -1269,19 +1256,11 @@ def test_shared_code_picking_weights_by_a_name_fragment_serves_the_weights_holdi
 
 def _hybrid_family() -> dict[str, str]:
     # a hybrid family: its provider builds Megatron-Core's Mamba mixers in the layers its pattern marks `M`
-    return _with_family("hyb", "hyb_bridge", "HybBridge", (
-        MAPPING_BRIDGE_IMPORTS +
-        "class HybModelProvider(GPTModelProvider):\n"
-        "    hybrid_layer_pattern: str = 'M*M*'\n\n\n"
-        "@MegatronModelBridge.register_bridge(source='HybForCausalLM')\n"
-        "class HybBridge(MegatronModelBridge):\n"
-        "    def provider_bridge(self, hf_config):\n"
-        "        provider = HybModelProvider()\n"
-        "        provider.hidden_size = hf_config.hidden_size\n"
-        "        provider.mamba_num_heads = hf_config.mamba_num_heads\n"
-        "        return provider\n\n"
-        "    def mapping_registry(self):\n"
-        "        return [AutoMapping('backbone.layers.*.mixer.in_proj.weight')]\n"))
+    return _one_bridge_family(
+        "hyb", "HybBridge", "HybForCausalLM",
+        ["provider.hidden_size = hf_config.hidden_size", "provider.mamba_num_heads = hf_config.mamba_num_heads"],
+        ["backbone.layers.*.mixer.in_proj.weight"], provider="HybModelProvider",
+        before="class HybModelProvider(GPTModelProvider):\n    hybrid_layer_pattern: str = 'M*M*'\n\n\n")
 
 
 def test_a_mamba_mixer_setting_is_custom_layer_like_linear_attention(tmp_path):
