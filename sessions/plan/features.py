@@ -455,7 +455,7 @@ def weight_fragment_features(index: BridgeIndex, fragment: str) -> tuple[dict[st
     if len(fragment.strip("._*")) < 2:
         return {}, []
     hits = [(w, folder) for w, folder in weight_names(index) if fragment in w]
-    if not hits or any(w.startswith(fragment) for w, _ in hits) and fragment.endswith("."):
+    if not hits or (fragment.endswith(".") and any(w.startswith(fragment) for w, _ in hits)):
         return {}, []
     common = set.intersection(*(set(feature_of_name(w)) for w, _ in hits))
     return {f: [f"{w} ({folder})" for w, folder in hits[:2]] for f in sorted(common)}, sorted({f for _, f in hits})
