@@ -9,10 +9,10 @@ the worker's OOM line without a traceback header, the driver's Hydra/RayTaskErro
 chatter goes on until the file has its size), then measures in the same run, each in a fresh process:
 - ours: `invoke judge --log F --json` (process start included): wall, CPU (user+sys), peak RSS;
 - grep: `grep -a -E "<the procedure's pattern>" F | wc -l` (the procedure's own log check): wall, CPU;
-- prefilter alone: a Python process that imports the judge and runs its prefilter as a standalone pass (one
-  literal scan of every byte in 16 MiB chunks, every hit line located and counted, nothing else done with them):
+- prefilter alone: a Python process that imports the judge and runs its prefilter as a standalone pass (the
+  judge's own chunk reader and literal scan over every byte, every hit line located and counted, nothing else done):
   about what a judge driven from Python pays before it reads a hit line (its imports cost ~0.1 s). It is no strict
-  floor: the judge skims long stretches and does not locate every hit there, so on an error storm it comes in under it.
+  floor: the judge skims long stretches and does not locate every hit there.
 More placements: `real` (the shared real logs, repeated to the size, each copy's digits renumbered so that
 lines with numbers do not repeat byte for byte: see digit_permutation), `real-pass` (only the passing ones; both
 are hundreds of thousands of short runs end to end: every copy restarts its steps and repeats its start-up facts),
@@ -271,23 +271,18 @@ def measured(argv: list[str] | str, shell: bool = False) -> tuple[float, float, 
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, b"".join(chunks).decode()
 
 
-# the prefilter alone: the judge's imports and its literal scan over the file, hit lines located and counted
+# the prefilter alone: the judge's imports, its reader (read_chunks) and its literal scan, hit lines counted
 PREFILTER_ALONE = """
 import sys
 sys.path.insert(0, sys.argv[1])
+from sessions.judge.logstream import CHUNK_SIZE, ScanStats, read_chunks
 from sessions.judge.verdict import scan_matcher
-matcher, hits, carry = scan_matcher(), 0, b""
-with open(sys.argv[2], "rb") as handle:
-    while chunk := handle.read(1 << 24):
-        buf = carry + chunk
-        cut = buf.rfind(b"\\n") + 1
-        starts = set()
-        matcher.line_starts(buf, cut, starts)
-        hits += len(starts)
-        carry = buf[cut:]
-starts = set()
-matcher.line_starts(carry, len(carry), starts)  # a last line with no newline
-print(hits + len(starts))
+matcher, hits = scan_matcher(), 0
+for buf, cut, _eof in read_chunks(sys.argv[2], CHUNK_SIZE, ScanStats()):
+    starts = set()
+    matcher.line_starts(buf, cut, starts)
+    hits += len(starts)
+print(hits)
 """
 
 
