@@ -428,13 +428,13 @@ def family_users(index: BridgeIndex, key: str, seen: frozenset[str] = frozenset(
 WEIGHT_NAME = re.compile(r"[\w*]+(?:\.[\w*]+)*\.(?:\*|weight|bias)(?:\.[\w*]+)*|[\w]+(?:\.[\w*]+)*\.\*\.[\w.*]+")
 
 
-def weight_names(index: BridgeIndex) -> list[tuple[str, str]]:
-    """(weight name, model folder) for every weight-name string in a model folder's code: the HF and Megatron
-    names its bridges map. Shared conversion code that matches a fragment of them serves those weights."""
+def weight_names(index: BridgeIndex) -> list[tuple[str, str, frozenset[str]]]:
+    """(weight name, model folder, its features) for every weight-name string in a model folder's code: the HF and
+    Megatron names its bridges map. Shared conversion code that matches a fragment of them serves those weights."""
     return _per_index(index, "_weight_names_cache", _build_weight_names)
 
 
-def _build_weight_names(index: BridgeIndex) -> list[tuple[str, str]]:
+def _build_weight_names(index: BridgeIndex) -> list[tuple[str, str, frozenset[str]]]:
     _load_all(index)
     out = set()
     for u in list(index.units.values()):
@@ -444,7 +444,7 @@ def _build_weight_names(index: BridgeIndex) -> list[tuple[str, str]]:
         for n in ast.walk(u.node):
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and WEIGHT_NAME.fullmatch(n.value):
                 out.add((n.value, folder))
-    return sorted(out)
+    return [(w, folder, frozenset(feature_of_name(w))) for w, folder in sorted(out)]
 
 
 def weight_fragment_features(index: BridgeIndex, fragment: str) -> tuple[dict[str, list[str]], list[str]]:
@@ -454,11 +454,12 @@ def weight_fragment_features(index: BridgeIndex, fragment: str) -> tuple[dict[st
     at the start of names: which sub-model's weights to skip) is not a kind of weight."""
     if len(fragment.strip("._*")) < 2:
         return {}, []
-    hits = [(w, folder) for w, folder in weight_names(index) if fragment in w]
-    if not hits or (fragment.endswith(".") and any(w.startswith(fragment) for w, _ in hits)):
+    hits = [hit for hit in weight_names(index) if fragment in hit[0]]
+    if not hits or (fragment.endswith(".") and any(w.startswith(fragment) for w, _, _ in hits)):
         return {}, []
-    common = set.intersection(*(set(feature_of_name(w)) for w, _ in hits))
-    return {f: [f"{w} ({folder})" for w, folder in hits[:2]] for f in sorted(common)}, sorted({f for _, f in hits})
+    common = frozenset.intersection(*(features for _, _, features in hits))
+    return ({f: [f"{w} ({folder})" for w, folder, _ in hits[:2]] for f in sorted(common)},
+            sorted({folder for _, folder, _ in hits}))
 
 
 def _load_all(index: BridgeIndex) -> None:
