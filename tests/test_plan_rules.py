@@ -1197,6 +1197,50 @@ def test_an_adapters_forward_or_weight_initialisation_is_level_5_its_wiring_is_n
         assert levels(other) == ["L0", "L1"] and "L5" in [e.key for e in other.optional], name
 
 
+def test_an_adapters_initialisation_switch_in_its_code_is_level_5(tmp_path):
+    # Megatron's perform_initialization decides whether the adapter's layers start from their init methods: set in
+    # the adapter's own code, it moves where the adapter's weights start (the unit's name says nothing of it)
+    switched = plan_for(tmp_path, edit(LORA, "self.base, self.dim = base, dim",
+                                       "self.base, self.dim = base, dim\n"
+                                       "base.config.perform_initialization = True", LORA_WITH_ADAPTER),
+                        base=LORA_WITH_ADAPTER)
+    assert levels(switched) == ["L0", "L1", "L5"]
+    assert [u["unit"] for u in reason_units(switched, "adapter-numerics")] == ["LoRALinear.__init__"]
+    # `forward` counts as what the unit is, never as a name its code uses (every layer call names it)
+    called = plan_for(tmp_path / "called", edit(LORA, "self.base, self.dim = base, dim",
+                                                "self.base, self.dim = base, dim\n"
+                                                "self.hook = base.forward", LORA_WITH_ADAPTER),
+                      base=LORA_WITH_ADAPTER)
+    assert levels(called) == ["L0", "L1"]
+
+
+def _gated_attention_family() -> dict[str, str]:
+    return _one_bridge_family("gat", "GatBridge", "GatForCausalLM",
+                              ["provider.hidden_size = hf_config.hidden_size",
+                               "provider.attention_output_gate = False"],
+                              ["model.layers.*.self_attn.q_proj.weight"])
+
+
+def test_a_gated_attention_setting_is_custom_layer_like_linear_attention(tmp_path):
+    # a gate Megatron-Core puts on the attention output (Qwen3-Next's, Step's head-wise one) is a layer behaviour
+    # Level 0's dense default model never has; the same family's hidden size is no such behaviour
+    base = _gated_attention_family()
+    gat = B + "models/gat/gat_bridge.py"
+    gate = edit(gat, "provider.attention_output_gate = False",
+                "provider.attention_output_gate = getattr(hf_config, 'head_wise_attn_gate', False)", base=base)
+    assert "L4:custom-layer" in levels(plan_for(tmp_path, gate, base=base))
+    hidden = edit(gat, "provider.hidden_size = hf_config.hidden_size",
+                  "provider.hidden_size = int(hf_config.hidden_size)", base=base)
+    assert "L4:custom-layer" not in levels(plan_for(tmp_path / "hidden", hidden, base=base))
+
+
+def test_gated_attention_is_words_of_its_own():
+    from sessions.plan.features import feature_of_name
+    assert feature_of_name("attention_output_gate") == ["custom-layer"]
+    assert feature_of_name("use_head_wise_attn_gate") == ["custom-layer"]
+    assert feature_of_name("gate_proj") == []  # an MLP's gate projection is no attention gate
+
+
 def test_family_code_its_layer_modules_call_is_custom_layer_wherever_it_is_defined(tmp_path):
     # a helper in another file of the family's folder that its attention's forward calls runs inside the layer;
     # one only its bridge calls (config translation) does not

@@ -171,7 +171,11 @@ RULES: tuple[Rule, ...] = (
          "the adapters still learn (moving, finite updates from their starting weights) is shown only by a "
          "learning-signal run", topics=("forward", "init weights", "init weight", "init method", "weight init",
                                          "weights init", "initialize weights", "reset parameters"),
-         only_in=(SRC + "peft/*",)),
+         only_in=(SRC + "peft/*",), code_in=(SRC + "peft/*",),
+         # in the changed code: Megatron's switch that turns a layer's weight initialisation on or off, and the
+         # init methods its layers are built with (never `forward` in the code: every layer call names it)
+         code_topics=("perform initialization", "init method", "init weights", "init weight", "weight init",
+                      "weights init", "initialize weights", "reset parameters")),
     Rule("gradient-flow", 5, "gradient flow changed: no repeated zero grad norms, detached or frozen parameters",
          topics=("grad", "grads", "gradient", "gradients", "detach"), sets_in=(SRC + "*",),
          unless=("fusion", "fused")),  # a fused kernel for the same gradients (gradient_accumulation_fusion)
