@@ -1221,19 +1221,6 @@ def _gated_attention_family() -> dict[str, str]:
                               ["model.layers.*.self_attn.q_proj.weight"])
 
 
-def test_a_gated_attention_setting_is_custom_layer_like_linear_attention(tmp_path):
-    # a gate Megatron-Core puts on the attention output (Qwen3-Next's, Step's head-wise one) is a layer behaviour
-    # Level 0's dense default model never has; the same family's hidden size is no such behaviour
-    base = _gated_attention_family()
-    gat = B + "models/gat/gat_bridge.py"
-    gate = edit(gat, "provider.attention_output_gate = False",
-                "provider.attention_output_gate = getattr(hf_config, 'head_wise_attn_gate', False)", base=base)
-    assert "L4:custom-layer" in levels(plan_for(tmp_path, gate, base=base))
-    hidden = edit(gat, "provider.hidden_size = hf_config.hidden_size",
-                  "provider.hidden_size = int(hf_config.hidden_size)", base=base)
-    assert "L4:custom-layer" not in levels(plan_for(tmp_path / "hidden", hidden, base=base))
-
-
 def test_gated_attention_is_words_of_its_own():
     from sessions.plan.features import feature_of_name
     assert feature_of_name("attention_output_gate") == ["custom-layer"]
@@ -1307,16 +1294,25 @@ def _hybrid_family() -> dict[str, str]:
         before="class HybModelProvider(GPTModelProvider):\n    hybrid_layer_pattern: str = 'M*M*'\n\n\n")
 
 
-def test_a_mamba_mixer_setting_is_custom_layer_like_linear_attention(tmp_path):
-    # Mamba mixers in place of attention are a layer kind of their own, as linear attention is: a change to what
-    # they are built with involves them; the same family's hidden size does not
-    base = _hybrid_family()
-    hyb = B + "models/hyb/hyb_bridge.py"
-    mixer = edit(hyb, "provider.mamba_num_heads = hf_config.mamba_num_heads",
-                 "provider.mamba_num_heads = hf_config.mamba_num_heads\n"
-                 "provider.mamba_chunk_size = hf_config.chunk_size", base=base)
-    assert "L4:custom-layer" in levels(plan_for(tmp_path, mixer, base=base))
-    hidden = edit(hyb, "provider.hidden_size = hf_config.hidden_size",
+# a layer kind of its own that Megatron-Core builds from the provider's settings (Mamba mixers in place of attention;
+# a gate on the attention output, Qwen3-Next's or Step's head-wise one): Level 0's dense default model has neither
+LAYER_KIND_SETTINGS = {
+    "mamba": (lambda: _hybrid_family(), "hyb", "provider.mamba_num_heads = hf_config.mamba_num_heads",
+              "provider.mamba_num_heads = hf_config.mamba_num_heads\nprovider.mamba_chunk_size = hf_config.chunk_size"),
+    "gated-attention": (lambda: _gated_attention_family(), "gat", "provider.attention_output_gate = False",
+                        "provider.attention_output_gate = getattr(hf_config, 'head_wise_attn_gate', False)"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYER_KIND_SETTINGS))
+def test_a_layer_kind_setting_is_custom_layer_like_linear_attention(tmp_path, kind):
+    # a change to what the layer kind is built with involves it; the same family's hidden size does not
+    family, folder, old, new = LAYER_KIND_SETTINGS[kind]
+    base = family()
+    rel = B + f"models/{folder}/{folder}_bridge.py"
+    setting = edit(rel, old, new, base=base)
+    assert "L4:custom-layer" in levels(plan_for(tmp_path, setting, base=base))
+    hidden = edit(rel, "provider.hidden_size = hf_config.hidden_size",
                   "provider.hidden_size = int(hf_config.hidden_size)", base=base)
     assert "L4:custom-layer" not in levels(plan_for(tmp_path / "hidden", hidden, base=base))
 
