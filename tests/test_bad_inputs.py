@@ -109,6 +109,7 @@ BAD: list[tuple[tuple[str, ...], int, str]] = [
     (("remote", "--host", "gpu01", "level0", "--bogus"), 2, "No idea what '--bogus' is"),
     (("remote", "--host", "gpu01", "--sync-only", "level0"), 2, "--sync-only runs nothing"),
     (("remote", "--host", "gpu01", "--sync-only", "--dry-run"), 2, "contradict each other"),
+    (("remote", "--host", "gpu01;rm -rf /", "level0"), 2, "expected [user@]host[:port]"),
     # slurm (refused before sbatch/srun)
     (("slurm", "--dry-run", "nosuchtask"), 2, "no task 'nosuchtask'"),
     (("slurm", "--gpus", "abc", "--dry-run", "level0"), 2, "--gpus must be an integer"),
@@ -238,3 +239,15 @@ def test_a_hydra_override_holding_a_space_stays_one_token(readme_venv, workspace
     assert proc.returncode == 0, proc.stdout + proc.stderr
     command = next(line for line in proc.stdout.splitlines() if line.startswith("bash "))
     assert command.endswith(" 'trainer.experiment_name=a b' trainer.foo=1"), command
+
+
+@pytest.mark.parametrize("argv", [("--host", "gpu01;rm -rf /", "level0"), ("--host", "gpu01", "level0", "--bogus")])
+def test_remote_refuses_bad_usage_before_it_looks_for_ssh_and_rsync(readme_venv, workspace, argv):  # noqa: F811
+    """A host without ssh/rsync on PATH is Blocked (3), but a malformed --host or task line there is still bad
+    usage (2): the user's typo is named first, not the missing tools."""
+    env = dict(workspace.env, PATH=f"{readme_venv}/bin")  # the venv alone: no ssh, no rsync
+    proc = subprocess.run(["invoke", "remote", *argv], cwd=PROJECT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and out.startswith("error: ") and len(out.strip().splitlines()) == 1, out
+    assert "not found on PATH" not in out, out

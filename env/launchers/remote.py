@@ -28,7 +28,7 @@ from env.launchers.base import (
     TaskLine,
     run_dirs_in,
 )
-from env.launchers.remote_host import RemoteHost, RemoteUnavailable
+from env.launchers.remote_host import RemoteHost, RemoteUnavailable, parse_host
 from env.launchers.sync import SyncPlan, TransferFailed, apply_plan, local_trees, make_plan
 from env.protocol import lines
 from env.settings import PROJECT_ROOT, UsageError, resolve
@@ -159,16 +159,18 @@ def remote_task(
     if not forwarded and not sync_only:
         raise UsageError("name the task to run on the host (e.g. `invoke remote --host gpu01 level0 ...`) "
                          "or pass --sync-only")
+    # bad usage (the host, the task line) is refused before the environment is looked at: exit 2, not 3
+    parse_host(host)
+    line, repo_flags = None, {}
+    if forwarded:
+        line, taken = TaskLine.parse(forwarded, remainder, launcher="remote").without_flags(REPO_FLAGS)
+        repo_flags = {k[2:].replace("-", "_"): v for k, v in taken.items()}
     missing = [tool for tool in ("ssh", "rsync") if shutil.which(tool) is None]
     if missing and not dry_run:  # a missing dependency, as everywhere else: Blocked, one line, nothing touched
         err.write(f"error: {' and '.join(missing)} not found on PATH: install {' '.join(missing)} "
                   f"(e.g. apt-get install openssh-client rsync)\n".encode())
         err.flush()
         return EXIT_BLOCKED
-    line, repo_flags = None, {}
-    if forwarded:
-        line, taken = TaskLine.parse(forwarded, remainder, launcher="remote").without_flags(REPO_FLAGS)
-        repo_flags = {k[2:].replace("-", "_"): v for k, v in taken.items()}
     task_line = [line.task, *line.args] if line else []
     settings = resolve(repo_flags)
     ssh_config = ssh_config or os.environ.get("VERL_E2E_SSH_CONFIG") or None
