@@ -77,6 +77,11 @@ BAD: list[tuple[tuple[str, ...], int, str]] = [
     (("level1", "--", "trainer.default_local_dir=/tmp/x"), 2, "level 1 owns trainer.default_local_dir"),
     (("level5", "--", "trainer.total_training_steps=5"), 2, "use --steps N"),
     (("level0", "--", "notanoverride"), 2, "is not a Hydra override"),
+    (("level0", "--", "=1"), 2, "'=1' after -- is not a Hydra override"),
+    (("level0", "--", "+=1"), 2, "'+=1' after -- is not a Hydra override"),
+    (("level0", "--", "~"), 2, "'~' after -- is not a Hydra override"),
+    (("level0", "--", "--steps=1"), 2, "'--steps=1' after -- is not a Hydra override"),
+    (("-f", "<ws>/no-such.yaml", "level0", "--dry-run"), 2, "runtime config (-f) <ws>/no-such.yaml: no such file"),
     (("level0", "--bogus-flag"), 2, "No idea what '--bogus-flag' is"),
     (("level0", "--steps", "3"), 2, "No idea what '--steps' is"),
     (("level4", "--script", "no/such/script.sh"), 2, "no such file under VERL_REPO"),
@@ -169,6 +174,7 @@ def test_every_bad_input_is_one_line_exit_2_and_changes_nothing(readme_venv, wor
     problems = []
     for argv, code, fragment in BAD:
         args = [a.replace("<ws>", str(ws.root)) for a in argv]
+        fragment = fragment.replace("<ws>", str(ws.root))
         before = _snapshot(ws.root)
         proc = subprocess.run(["invoke", *args], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120)
         after = _snapshot(ws.root)

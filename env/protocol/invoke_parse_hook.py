@@ -225,14 +225,19 @@ def install() -> None:
 def _one_line_config_errors(original, name: str):
     @functools.wraps(original)
     def load(self: Any, *args: Any, **kwargs: Any) -> None:
+        which = "runtime config (-f)" if name == "load_runtime" else "invoke.yaml"
         try:
-            return original(self, *args, **kwargs)
+            original(self, *args, **kwargs)
         except Exit:
             raise
         except Exception as e:  # noqa: BLE001 - yaml.YAMLError, a non-mapping file, ...: one line, exit 2
-            which = "runtime config (-f)" if name == "load_runtime" else "invoke.yaml"
             text = " ".join(str(e).split())
             raise Exit(f"error: {which}: not a valid config file: {type(e).__name__}: {text[:300]}",
                        code=exits.BAD_USAGE) from None
+        # invoke skips a runtime file it cannot find (a debug line): a named `-f FILE` that is not there would run
+        # on the defaults while the user reads their settings into the result
+        path = getattr(self, "_runtime_path", None) if name == "load_runtime" else None
+        if path and not getattr(self, "_runtime_found", None):
+            raise Exit(f"error: {which} {path}: no such file", code=exits.BAD_USAGE)
 
     return load

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -76,6 +77,9 @@ class LevelOptions:
     extra_overrides: list[str] = field(default_factory=list)
 
 
+# what Hydra takes after the script: key=value, +key=value, ++key=value, ~key[=value]; a key is never empty
+HYDRA_OVERRIDE = re.compile(r"(?:\+\+?)?[^\s=~+-][^\s=]*=.*|~[^\s=~+][^\s=]*(?:=.*)?", re.DOTALL)
+
 def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tuple[LevelOptions, dict[str, Any]]:
     """Split task flags into level options and settings-table flags; validate values (UsageError → exit 2)."""
     flags = validate(level_table(number), flags)  # types, ranges, choices, conflicts: the table's
@@ -121,7 +125,7 @@ def _validate_level_options(opts: LevelOptions) -> None:
                              f"or verl.log)")
         opts.baseline = str(base)
     for override in opts.extra_overrides:
-        if "=" not in override and not override.startswith("~"):
+        if not HYDRA_OVERRIDE.fullmatch(override):
             raise UsageError(f"{override!r} after -- is not a Hydra override (KEY=VALUE, +KEY=VALUE, ~KEY)")
     if presets.LEVELS[opts.number].owns_checkpoints:
         owned = [o for o in opts.extra_overrides if o.lstrip("+").startswith("trainer.default_local_dir=")]
