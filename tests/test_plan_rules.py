@@ -1321,3 +1321,41 @@ def test_mamba_is_a_word_of_its_own():
     from sessions.plan.features import feature_of_name
     assert feature_of_name("mamba_chunk_size") == ["custom-layer"]
     assert feature_of_name("MambaModelProvider") == ["custom-layer"]
+
+
+def _qwen_reading_mtp_layers(binding: str, read: str) -> dict[str, str]:
+    # the family's mapping_registry (verl's weight load and export build it) binds the HF config, then reads from it
+    base = dict(BRIDGE_BASE)
+    body = " " * 16  # the method body's indentation in the fixture's source
+    base[QWEN] = base[QWEN].replace(
+        f"def mapping_registry(self):\n{body}return [AutoMapping()]",
+        f"def mapping_registry(self):\n{body}hf_config = {binding}\n{body}mappings = [AutoMapping()]\n"
+        f"{body}for _ in range({read}):\n{body}    mappings.append(AutoMapping())\n{body}return mappings")
+    assert base[QWEN] != BRIDGE_BASE[QWEN]
+    return base
+
+
+@pytest.mark.parametrize("read, mtp", [('getattr(hf_config, "num_nextn_predict_layers", 0)', True),
+                                       ("hf_config.num_nextn_predict_layers", True),
+                                       ('hf_config.get("num_nextn_predict_layers", 0)', True),
+                                       ('hf_config["num_nextn_predict_layers"]', True),
+                                       ("hf_config.num_hidden_layers", False)])
+def test_the_settings_read_from_what_a_changed_line_binds_are_what_changed(tmp_path, read, mtp):
+    # d9665446a's shape: `hf_config = getattr(self, "_hf_config", None)` -> `hf_config = self.hf_config`; the MTP
+    # mappings after it are built from what the changed line binds, so MTP is involved (a layer count is no feature)
+    base = _qwen_reading_mtp_layers('getattr(self, "_hf_config", None)', read)
+    change = edit(QWEN, 'hf_config = getattr(self, "_hf_config", None)', "hf_config = self.hf_config", base=base)
+    assert ("L4:mtp" in levels(plan_for(tmp_path, change, base=base))) is mtp
+
+
+def test_a_setting_read_before_the_changed_binding_is_not_what_it_changed(tmp_path):
+    # the same read on a line before the binding reads the earlier value: the change is none of its business
+    base = dict(BRIDGE_BASE)
+    body = " " * 16
+    base[QWEN] = base[QWEN].replace(
+        f"def mapping_registry(self):\n{body}return [AutoMapping()]",
+        f"def mapping_registry(self):\n{body}n = self.hf_config.num_nextn_predict_layers\n"
+        f"{body}hf_config = getattr(self, '_hf_config', None)\n{body}return [AutoMapping()] * (n + 1)")
+    assert base[QWEN] != BRIDGE_BASE[QWEN]
+    change = edit(QWEN, "hf_config = getattr(self, '_hf_config', None)", "hf_config = self.hf_config", base=base)
+    assert "L4:mtp" not in levels(plan_for(tmp_path, change, base=base))

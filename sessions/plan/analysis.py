@@ -283,7 +283,8 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
     (from its whole code) and whether the family itself is new. Code verl imports but does not call counts by what
     it is about only."""
     touched = plan_features.Sites()
-    names = ev.subject + ev.requires + (ev.code + ev.strings + targets if tier in ("calls", "api") else [])
+    names = ev.subject + ev.requires + (ev.code + ev.strings + targets + ev.bound_reads
+                                        if tier in ("calls", "api") else [])
     for name in names:
         for f in plan_features.feature_of_name(name):
             if not (f == "vlm" and plan_features.FLAG.match(name)):

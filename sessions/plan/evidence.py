@@ -114,6 +114,8 @@ class Evidence:
     uses: list[tuple[str, str | None]] = field(default_factory=list)  # each name of `code` with the expression that
     # uses it (`get_cp_world_size() == 1`; None: a statement or a call's own name uses it directly)
     statements: int = 0  # changed simple statements (imports, assignments, calls...)
+    bound_reads: list[str] = field(default_factory=list)  # the settings later code reads from a variable a changed
+    # line binds (`hf_config = self.hf_config`, then `getattr(hf_config, "num_nextn_predict_layers")`)
     only_imports: bool = False  # every changed code line is an import statement
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
 
@@ -251,7 +253,42 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
                 ev.namespaced.append(name)
     if not ev.new:
         _conditions(ev, own, lines, skip)
+        ev.bound_reads = _bound_reads(own, lines, skip)
     return ev
+
+
+def _bound_reads(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:
+    """The settings read, after it, from a variable a changed line binds: `hf_config = self.hf_config` changes what
+    `getattr(hf_config, "num_nextn_predict_layers", 0)`, `hf_config.num_hidden_layers`, `cfg.get("x")` and
+    `cfg["x"]` read on the lines after it, changed or not — the value they are read from is the changed line's."""
+    bound: dict[str, int] = {}  # variable -> the last line of its first changed binding
+    for n in own:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and id(n) not in skip and set(_span(n)) & lines:
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                if isinstance(t, ast.Name):
+                    bound[t.id] = min(bound.get(t.id, 1 << 30), n.end_lineno or n.lineno)
+    if not bound:
+        return []
+
+    def read_from(v: ast.AST, at: int) -> bool:
+        return isinstance(v, ast.Name) and v.id in bound and at > bound[v.id]
+
+    out: list[str] = []
+    for n in own:
+        at = getattr(n, "lineno", 0)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and read_from(n.value, at):
+            out.append(n.attr)
+        elif isinstance(n, ast.Call) and n.args:
+            f = n.func
+            key = n.args[1] if isinstance(f, ast.Name) and f.id in ("getattr", "hasattr") and len(n.args) > 1 \
+                and read_from(n.args[0], at) else \
+                n.args[0] if isinstance(f, ast.Attribute) and f.attr == "get" and read_from(f.value, at) else None
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                out.append(key.value)
+        elif isinstance(n, ast.Subscript) and read_from(n.value, at) and isinstance(n.slice, ast.Constant) \
+                and isinstance(n.slice.value, str):
+            out.append(n.slice.value)
+    return [name for name in dict.fromkeys(out) if NAME_LIKE.fullmatch(name)]
 
 
 def _use_of(n: ast.AST, parents: dict[int, ast.AST]) -> str | None:
