@@ -293,3 +293,33 @@ def test_init_model_without_frames_is_decided_by_the_exception():
     assert (verdict.result, verdict.category) == ("Blocked", "data")  # the model path, before anything ran
     other = judge_lines(lines[:-1] + ["ValueError: bad rope scaling"])
     assert (other.result, other.category) == ("Fail", "unknown")  # not "provider": no provider frame is shown
+
+
+# verl's checkpoint directory is `<default_local_dir>/global_step_N/actor|critic`: ray_trainer._save_checkpoint prints
+# `local_global_step_folder: ...`, then local_mkdir_safe warns when it cannot lock a directory it is making
+LOCK_WARNING = ("\x1b[36m(WorkerDict pid=42225, ip=10.0.0.9)\x1b[0m Warning: Failed to acquire lock for "
+                "/scratch/ckpt/global_step_1/actor: [Errno 30] Read-only file system: '/scratch'")
+HYDRA = "Error executing job with overrides: ['trainer.save_freq=1', 'trainer.total_training_steps=3']"
+
+
+@pytest.mark.parametrize("first", [LOCK_WARNING, "(TaskRunner pid=7) local_global_step_folder: /scratch/ckpt/global_step_1"])
+def test_a_failure_at_verls_checkpoint_directory_is_in_the_checkpoint_phase(first):
+    # the exception itself is not shown (an excerpt): where the run was, at a checkpoint directory, names the cause
+    verdict = judge_lines([first, HYDRA])
+    assert (verdict.result, verdict.category, verdict.phase) == ("Fail", "checkpoint", "checkpoint")
+    # without that line the same failure says nothing about where it was
+    assert judge_lines([HYDRA]).category == "unknown"
+
+
+def test_a_save_the_run_trains_past_leaves_the_checkpoint_phase():
+    step = ("(TaskRunner pid=7) step:{n} - training/global_step:{n} - actor/pg_loss:0.1 - critic/score/mean:0.5")
+    lines = ["(TaskRunner pid=7) Total training steps: 3", step.format(n=1),
+             "(TaskRunner pid=7) local_global_step_folder: /scratch/ckpt/global_step_1",
+             "(WorkerDict pid=9) [rank-0]: Saving model to /scratch/ckpt/global_step_1/actor/model_world_size_1_rank_0.pt",
+             step.format(n=2), step.format(n=3)]
+    verdict = judge_lines(lines)
+    assert verdict.result == "Pass" and verdict.steps_completed == 3
+    # and a resume's directory before the first step is a read: the run got no further than its models
+    resumed = judge_lines(["(WorkerDict pid=9) loading /scratch/ckpt/global_step_5/actor/model_world_size_1_rank_0.pt",
+                           HYDRA])
+    assert resumed.phase == "checkpoint" and resumed.category == "checkpoint"

@@ -297,6 +297,12 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("hf-loaded", "Loaded HF model checkpoint", r"Loaded HF model checkpoint from .* with bridge", "marker",
        phase="model-built", covered_by="heckpoint"),
     _p("resume-load", "heckpoint", r"Loaded (?:HF model|optimizer) checkpoint from", "marker", phase="checkpoint"),
+    # verl's checkpoint directory, `<default_local_dir>/global_step_N/actor|critic` (ray_trainer._save_checkpoint, which
+    # first prints `local_global_step_folder: ...`; its resume reads the same): a line naming one (that print,
+    # local_mkdir_safe's `Warning: Failed to acquire lock for .../global_step_1/actor: [Errno 30] ...`, a worker's
+    # `Saving model to .../actor/...`) puts the run at a checkpoint
+    _p("ckpt-dir", "global_step_", r"global_step_\d+/(?:actor|critic)\b|local_global_step_folder: ", "marker",
+       phase="checkpoint", covered_by="step"),
     _p("megatron-params", "number of parameters on", r"number of parameters on \(tensor, pipeline\)", "marker",
        phase="model-built"),
     _p("vllm-engine-up", "LLM engine", r"Initializing an? (?:V1 )?LLM engine", "marker", phase="rollout-up"),
