@@ -59,9 +59,8 @@ TABLE = compiled()
 TRAINING = PHASE_INDEX["training"]
 MODEL_BUILT = PHASE_INDEX["model-built"]
 ROLLOUT_UP = PHASE_INDEX["rollout-up"]
-# a resume's checkpoint load: before the first step, its phase is the current activity, not progress past training
-# markers of a checkpoint read (or of its directory, save or load): before the first step they prove the models built,
-# no phase past training
+# a resume's checkpoint load, or a line naming a checkpoint directory (save or load): before the first step its phase
+# is the current activity, not progress past training
 CHECKPOINT_LOADS = frozenset(("resume", "resume-old", "resume-found", "resume-load", "ckpt-dir"))
 LATE_KINDS = ("fact", "limitation", "marker")  # what still counts once MAX_EVENTS error events are kept
 LATE_KINDS_SET = frozenset(LATE_KINDS)

@@ -80,6 +80,7 @@ class LevelOptions:
 # what Hydra takes after the script: key=value, +key=value, ++key=value, ~key[=value]; a key is never empty
 HYDRA_OVERRIDE = re.compile(r"(?:\+\+?)?[^\s=~+-][^\s=]*=.*|~[^\s=~+][^\s=]*(?:=.*)?", re.DOTALL)
 
+
 def parse_options(number: int, flags: dict[str, Any], remainder: str = "") -> tuple[LevelOptions, dict[str, Any]]:
     """Split task flags into level options and settings-table flags; validate values (UsageError → exit 2)."""
     flags = validate(level_table(number), flags)  # types, ranges, choices, conflicts: the table's
