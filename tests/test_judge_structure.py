@@ -37,6 +37,10 @@ CASES = {
     "taskrunner_create_rl_dataset_missing_parquet": ("Blocked", "data", None),
     "taskrunner_config_post_init": ("Fail", "config", None),
     "taskrunner_resource_pool_check": ("Blocked", "env-no-gpu", "function"),
+    # a traceback cut right after a verl frame: the function its statement calls is the next frame (data); where
+    # a frame below the call is shown (copy.deepcopy evaluating an argument), the call says nothing: not shown
+    "taskrunner_cut_at_create_rl_dataset_call": ("Fail", "data", "function"),
+    "taskrunner_cut_in_an_argument_of_the_call": ("Fail", "unknown", "none"),
     "main_task_compute_log_prob_oom": ("Fail", "oom", "message"),  # a named cause wins wherever it is
     # (b) the packages of the frames
     "conda_env_named_vllm_actor_build": ("Fail", "unknown", None),  # `envs/vllm/` is no vLLM frame

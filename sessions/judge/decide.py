@@ -392,7 +392,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             ev.seq + 1, line.source, line.inner, "a traceback without its exception line (the log is cut): "
             + line.text.strip(), None, ev.phase, ev.max_step,
             area=ev.areas.get(line.source) or ev.areas.get(ANY_SOURCE), cut=True,
-            where=ev.wheres.get(line.source) or ev.wheres.get(ANY_SOURCE),
+            where=ev.cut_calls.get(line.source) or ev.wheres.get(line.source) or ev.wheres.get(ANY_SOURCE),
         )]
     decisive = _decisive(ev, events)
     extension = _missing_extension(ev, events)

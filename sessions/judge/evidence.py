@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.judge.frames import classify_frame, raises_a_config_value
+from sessions.judge.frames import called_area, classify_frame, raises_a_config_value
 from sessions.judge.logstream import LogLine, normalise, step_line_match
 from sessions.judge.needles import DISPATCH, MAX_MEMO, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
@@ -250,6 +250,10 @@ class Evidence:
         self.areas: dict[str | None, str] = {}  # source -> code area of its latest classified traceback frame
         self.wheres: dict[str | None, str] = {}  # source -> loop area of its latest verl frame with a known function
         self.frame_paths: dict[str | None, str] = {}  # source -> file of its latest traceback frame (its raise line)
+        self.frame_seqs: dict[str | None, int] = {}  # source -> seq of its latest traceback frame line
+        # source -> area of the verl function its latest frame's statement calls, while no frame or exception line
+        # follows it: where a traceback is cut there, the next frame's area (frames.called_area)
+        self.cut_calls: dict[str | None, str] = {}
         self.thread_sources: set[str | None] = set()  # sources printing an "Exception in thread" traceback
         self.driver_failure_seq: int | None = None  # first driver traceback/Hydra error since the last progress
         self.death_causes: list[str] = []
@@ -400,6 +404,8 @@ class Evidence:
                 self.fit_seen = True
             area, where = classify_frame(frame.group(1), frame.group(2))
             self.frame_paths[line.source] = frame.group(1)
+            self.frame_seqs[line.source] = self.seq
+            self.cut_calls.pop(line.source, None)  # the statement before it was a call to this frame
             if area:
                 self.areas[line.source] = self.areas[ANY_SOURCE] = area
             if where:
@@ -408,6 +414,12 @@ class Evidence:
                 self.open_traceback = line
             if "megatron/bridge" not in text:
                 return
+        elif self.frame_seqs.get(line.source) == self.seq - 1:
+            # the statement of the frame just before (an exception line here pops what it sets): the function it
+            # calls is the next frame, if one is shown
+            where = called_area(self.frame_paths.get(line.source), stripped)
+            if where:
+                self.cut_calls[line.source] = where
         if stripped.startswith("raise ") and raises_a_config_value(stripped, self.frame_paths.get(line.source)):
             # verl's own code refusing a value it read from the run's config: the frame says "config"
             self.areas[line.source] = self.areas[ANY_SOURCE] = "config"
@@ -474,6 +486,7 @@ class Evidence:
         if error_pattern is None and not generic and not log_error:
             return
         self.open_traceback = None  # its exception line is here
+        self.cut_calls.pop(line.source, None)
         if generic and wrapper is None and error_pattern is None and line.source in self.thread_sources:
             self.thread_sources.discard(line.source)
             noise = True  # the thread ended, the process went on: no cause by itself
@@ -503,6 +516,8 @@ class Evidence:
             self.events_dropped = 0
         if self.areas or self.wheres or self.frame_paths:
             self.areas, self.wheres, self.frame_paths = {}, {}, {}
+        if self.cut_calls:
+            self.cut_calls = {}
         if self.death_causes:
             self.death_causes = []
         self.driver_failure_seq = None

@@ -91,6 +91,38 @@ FUNCTION_AREAS = tuple((re.compile(rx), area) for rx, area in (
 ))
 
 
+# A frame's statement (the source line printed under it) names the function it calls, which is the next frame:
+# where a traceback is cut (a paste, a truncated log) right after a verl frame, the function its statement calls
+# names the area the way that next frame would (`train_dataset = create_rl_dataset(...)` in TaskRunner.run: data).
+CALL_RE = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def _call_needles() -> tuple[str, ...]:
+    """`name(` for each whole function name FUNCTION_AREAS names: a statement calling one holds it (the prefilter
+    feeds such lines; the names come from the table, as ripgrep derives its literals)."""
+    from sessions.judge.literals import required_words
+
+    names = set()
+    for function_re, _ in FUNCTION_AREAS:
+        for words in required_words(function_re.pattern) or ():
+            names.update(w for w in words if function_re.fullmatch(w))
+    return tuple(sorted(f"{name}(" for name in names))
+
+
+CALL_NEEDLES = _call_needles()
+
+
+def called_area(frame_path: str | None, statement: str) -> str | None:
+    """The area of the first function with one that a verl frame's statement calls (None: none named)."""
+    if frame_path is None:
+        return None
+    for name in CALL_RE.findall(statement):
+        area = frame_area(frame_path, name)
+        if area:
+            return area
+    return None
+
+
 @lru_cache(maxsize=4096)  # a traceback's paths repeat (every rank, every echo of the chain)
 def classify_frame(path: str, function: str | None) -> tuple[str | None, str | None]:
     """(frame_category, frame_area) of one frame line."""

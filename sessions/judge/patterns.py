@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sessions.judge.frames import CALL_NEEDLES
+
 # Phases in the order a healthy run passes them (sessions.verdict.PHASES holds the same names).
 PHASE_ORDER = ("launch", "ray-up", "model-build", "model-built", "rollout-up", "training", "checkpoint", "shutdown")
 
@@ -37,7 +39,8 @@ SCAN_NEEDLES = (
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
     "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.", "total_epochs",
     "train dataloader", "primary config", "Epoch ", "\", line ",
-)
+) + CALL_NEEDLES  # a frame's statement calling a function of an area of verl's loop (frames.py)
+
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
 LAST_ONLY_NEEDLE = "Training Progress"
 COMPLETE_BAR_NEEDLE = "Progress: 100%"
