@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from sessions.judge.literals import required_words
+
 # Outside site-/dist-packages only the packages people run from source checkouts start a module path (a folder
 # `/data/datasets/` holding a user's reward function is no `datasets` frame); inside, the tail is the module path.
 SOURCE_ROOTS = ("verl", "megatron", "mbridge", "vllm", "sglang", "transformers", "tensorrt_llm")
@@ -100,8 +102,6 @@ CALL_RE = re.compile(r"([A-Za-z_]\w*)\s*\(")
 def _call_needles() -> tuple[str, ...]:
     """`name(` for each whole function name FUNCTION_AREAS names: a statement calling one holds it (the prefilter
     feeds such lines; the names come from the table, as ripgrep derives its literals)."""
-    from sessions.judge.literals import required_words
-
     names = set()
     for function_re, _ in FUNCTION_AREAS:
         for words in required_words(function_re.pattern) or ():
