@@ -1359,3 +1359,31 @@ def test_a_setting_read_before_the_changed_binding_is_not_what_it_changed(tmp_pa
     assert base[QWEN] != BRIDGE_BASE[QWEN]
     change = edit(QWEN, "hf_config = getattr(self, '_hf_config', None)", "hf_config = self.hf_config", base=base)
     assert "L4:mtp" not in levels(plan_for(tmp_path, change, base=base))
+
+
+def test_a_pipeline_size_read_on_expert_lines_asks_for_the_dense_variant(tmp_path):
+    # the MoE variant sets only EP and ETP (PP stays 1): a pipeline size read for experts needs the dense run
+    change = edit(LORA, "return module", "if module.is_expert:\n"
+                  "    module.pad = module.config.pipeline_model_parallel_size\nreturn module")
+    plan = plan_for(tmp_path, change)
+    assert "L2d" in levels(plan) and "L2m" not in levels(plan)
+
+
+def _family_with_a_moe_switch() -> dict[str, str]:
+    """One bridge for dense and MoE checkpoints: it sets the expert fields only when the HF config's flag says MoE."""
+    return _one_bridge_family("g4", "G4Bridge", "G4ForCausalLM", [
+        "provider.num_moe_experts = 128",
+        "if getattr(hf_config, 'enable_moe_block', False):",
+        "    provider.num_moe_experts = hf_config.num_experts",
+        "else:",
+        "    provider.num_moe_experts = None"])
+
+
+def test_a_family_branching_on_a_moe_flag_involves_moe_only_where_the_change_touches_it(tmp_path):
+    # its dense checkpoints are built by the same bridge: experts are no property of every model of the family
+    base = _family_with_a_moe_switch()
+    rel = B + "models/g4/g4_bridge.py"
+    rope = {rel: base[rel].replace("        return provider", "        provider.rotary_base = 1.0\n        return provider")}
+    assert levels(plan_for(tmp_path / "rope", rope, base=base)) == ["L0"]
+    experts = {rel: base[rel].replace("hf_config.num_experts", "hf_config.n_routed_experts")}
+    assert levels(plan_for(tmp_path / "experts", experts, base=base)) == ["L0", "L4:moe"]

@@ -223,6 +223,7 @@ class FamilyModel:
     builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
     layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
     layer_helpers: dict[str, str] = field(default_factory=dict)  # unit → the layer unit that reaches it (not config)
+    moe_switch: list[str] = field(default_factory=list)  # its config code branches on a MoE flag: dense models too
 
     @property
     def name(self) -> str:
@@ -342,6 +343,7 @@ def _config_code(index: BridgeIndex, fam: FamilyModel) -> None:
         fam.builds.update(sites_in(_class_own(cls), file=cls.file))
         for m in cls.methods.values():
             fam.builds.update(sites_in(list(ast.walk(index.units[m].node)), file=index.units[m].file))
+        fam.moe_switch += _moe_switches(cls)
     for k in fam.layer_units:
         u = index.units[k]
         if u.kind == "function" or (u.kind == "class" and not is_layer_class(u.node)):
@@ -349,6 +351,22 @@ def _config_code(index: BridgeIndex, fam: FamilyModel) -> None:
         for n in ast.walk(u.node):
             if isinstance(n, ast.Attribute) and _last_name(n.value) == "config" and isinstance(n.ctx, ast.Load):
                 fam.layer_reads.add(n.attr)
+
+
+def _moe_switches(cls: Unit) -> list[str]:
+    """Branches of a config class on a MoE flag (`if getattr(hf_config, "enable_moe_block", False):`, `if is_moe:`):
+    the family builds dense models from the same code, so experts are not a property of every model of it."""
+    out = []
+    for n in ast.walk(cls.node):
+        if isinstance(n, (ast.If, ast.IfExp)):
+            names = [x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else x.value
+                     for x in ast.walk(n.test) if isinstance(x, (ast.Name, ast.Attribute))
+                     or (isinstance(x, ast.Constant) and isinstance(x.value, str))]
+            # a flag that names MoE itself; not one about expert weights (`use_fused_experts`: their layout) or
+            # layers (`is_moe_layer`: the MoE layer schedule of a MoE model)
+            out += [f"{x} ({cls.file}:{n.lineno})" for x in names if FLAG.match(x)
+                    and "moe" in (ws := set(words_of(x))) and not {"layer", "layers"} & ws]
+    return out
 
 
 def _module_own(unit: Unit) -> list[ast.AST]:

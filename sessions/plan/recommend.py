@@ -260,9 +260,12 @@ def _parallel(u: ChangedUnit) -> dict[str, list[str]]:
     dense one."""
     rules = [r for r in plan_rules.RULES if r.level == 2 and not r.optional]
     hits = {r.name: h for r in rules if (h := _fires(r, u))}
-    expert = sorted({x for r in rules for x in _fires(r, u, expert=True)})
-    if expert:
-        hits["expert-parallel"] = sorted(set(hits.get("expert-parallel", []) + expert))
+    for r in rules:
+        for x in _fires(r, u, expert=True):
+            # a pipeline/context size stays the dense variant's (the MoE variant keeps PP and CP at 1)
+            dense = r.name == "tp-pp-cp" and topic_hits(r, [x], plan_rules.DENSE_VARIANT_SIZES)
+            name = r.name if dense else "expert-parallel"
+            hits[name] = sorted(set(hits.get(name, [])) | {x})
     if "provider-finalization" in hits and not set(hits) - {"provider-finalization"}:
         hits.pop("provider-finalization")
     moe = {"expert-parallel", "dispatcher"} & set(hits)
@@ -283,9 +286,10 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     changed code is the family's own layer module or layer spec. A family of another folder that reuses the code
     (Gemma 3 VL building Gemma 3's attention) adds only that: the code is a layer of it.
     The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
-    when the change is vision-only), its quantized HF weights when the change is on a way verl moves weights, custom
-    layer when the change sets a field its own layer modules read; none of these when the change only gains a
-    parameter and hands it on (plumbing: where the parameter is used decides). Lines only moved involve nothing."""
+    when the change is vision-only, nor when the family branches on a MoE flag and so builds dense models too), its
+    quantized HF weights when the change is on a way verl moves weights, custom layer when the change sets a field
+    its own layer modules read; none of these when the change only gains a parameter and hands it on (plumbing:
+    where the parameter is used decides). Lines only moved involve nothing."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
@@ -326,10 +330,13 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
             # uses the parameter decides what it involves)
             # its bridge or provider config (what verl's provider and weight calls build every model of the family
             # from) changed: a MoE family builds experts in its MoE layers, a VLM family its vision side, whatever
-            # the changed field is — unless the change is on the vision side only (a vision encoder has no experts)
+            # the changed field is — unless the change is on the vision side only (a vision encoder has no experts),
+            # or the family branches on a MoE flag (it builds dense models too: MoE counts where the change touches it)
             vision_only = "vlm" in u.touched and not set(u.touched) - {"vlm"}
+            some_dense = bool(fam.get("moe_switch"))
             for f in WHOLE_MODEL:
-                if f in builds and not (f == "moe" and vision_only) and not (f == "vlm" and not vision_family_wide):
+                if f in builds and not (f == "moe" and (vision_only or some_dense)) \
+                        and not (f == "vlm" and not vision_family_wide):
                     take.setdefault(f, (f"{fam['family']}'s bridge/provider changed and it builds {f}", builds[f]))
             moving = [e for e in u.entries if _moves_weights(e)]
             if "quantized" in builds and moving:
