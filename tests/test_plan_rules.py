@@ -1384,6 +1384,13 @@ def test_a_family_branching_on_a_moe_flag_involves_moe_only_where_the_change_tou
     base = _family_with_a_moe_switch()
     rel = B + "models/g4/g4_bridge.py"
     rope = {rel: base[rel].replace("        return provider", "        provider.rotary_base = 1.0\n        return provider")}
-    assert levels(plan_for(tmp_path / "rope", rope, base=base)) == ["L0"]
+    plan = plan_for(tmp_path / "rope", rope, base=base)
+    assert levels(plan) == ["L0"]
+    # a MoE run stays offered, with why it is not required
+    follow = next(e for e in plan.optional if e.key == "L4:moe")
+    assert [r.rule for r in follow.reasons] == ["moe-family-follow-up"]
+    assert "enable_moe_block" in follow.reasons[0].units[0]["matched"][0]
     experts = {rel: base[rel].replace("hf_config.num_experts", "hf_config.n_routed_experts")}
-    assert levels(plan_for(tmp_path / "experts", experts, base=base)) == ["L0", "L4:moe"]
+    plan = plan_for(tmp_path / "experts", experts, base=base)
+    assert levels(plan) == ["L0", "L4:moe"]
+    assert "moe-family-follow-up" not in [r.rule for e in plan.entries for r in e.reasons]

@@ -276,7 +276,7 @@ def _parallel(u: ChangedUnit) -> dict[str, list[str]]:
     return hits
 
 
-def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
+def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = None) -> dict[str, list[str]]:
     """The Level 4 features a changed unit involves, each with the facts that say so.
 
     Shared code (no family's own): the features its changed lines touch, for every family verl loads through it.
@@ -289,7 +289,8 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
     when the change is vision-only, nor when the family branches on a MoE flag and so builds dense models too), its
     quantized HF weights when the change is on a way verl moves weights, custom layer when the change sets a field
     its own layer modules read; none of these when the change only gains a parameter and hands it on (plumbing:
-    where the parameter is used decides). Lines only moved involve nothing."""
+    where the parameter is used decides). Lines only moved involve nothing. `offered` collects the optional Level 4
+    follow-ups (rule name → facts): a MoE run for a family that builds dense and MoE models."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
@@ -338,6 +339,9 @@ def involved_features(u: ChangedUnit) -> dict[str, list[str]]:
                 if f in builds and not (f == "moe" and (vision_only or some_dense)) \
                         and not (f == "vlm" and not vision_family_wide):
                     take.setdefault(f, (f"{fam['family']}'s bridge/provider changed and it builds {f}", builds[f]))
+            if "moe" in builds and some_dense and not vision_only and "moe" not in u.touched and offered is not None:
+                offered.setdefault("moe-family-follow-up", []).append(
+                    f"{fam['family']} builds dense and MoE models: {', '.join(fam['moe_switch'][:1])}")
             moving = [e for e in u.entries if _moves_weights(e)]
             if "quantized" in builds and moving:
                 take.setdefault("quantized", (
@@ -416,8 +420,11 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
             add(plan_rules.BY_NAME["verl-runs-it"], [u.file], [{**u.to_json(), "matched": []}])
         if u.reporting:
             continue  # it only logs or reports: the smoke shows it still runs, no level checks what it prints
-        for feature, facts in involved_features(u).items():
+        offered: dict[str, list[str]] = {}
+        for feature, facts in involved_features(u, offered).items():
             add(plan_rules.FEATURE_RULE[feature], [u.file], [{**u.to_json(), "matched": facts[:8]}])
+        for name, facts in offered.items():
+            add(plan_rules.BY_NAME[name], [u.file], [{**u.to_json(), "matched": facts[:8]}])
         parallel = _parallel(u)
         new_family_only = bool(u.served) and all(f["new"] for f in u.served)
         # code that moves weights: the changed function is itself a weight import/export (`load_weights_hf_to_megatron`,

@@ -141,6 +141,10 @@ RULES: tuple[Rule, ...] = (
                                    "multimodal"), evidence="code", feature="vlm"),
     Rule("moe", 4, "MoE involved: Level 0 with COMMON_EP=1 does not exercise expert routing",
          topics=("moe", "expert", "experts", "router", "ep"), evidence="code", feature="moe"),
+    Rule("moe-family-follow-up", 4, "the family builds MoE models too: a run on its MoE checkpoint runs the change "
+         "with experts", feature="moe",
+         optional="the family's bridge branches on a MoE flag, so it also builds dense models, and the change touches "
+                  "no MoE code: Level 0 shows it; a MoE run is a follow-up"),
     Rule("mtp", 4, "multi-token prediction involved: the generic wrapper may not enable MTP",
          topics=("mtp", "nextn", "multi token prediction"), evidence="code", feature="mtp"),
     Rule("qat-modelopt", 4, "QAT / ModelOpt involved: run the verl example that enables it",
@@ -185,7 +189,7 @@ RULES: tuple[Rule, ...] = (
 )
 
 BY_NAME = {r.name: r for r in RULES}
-FEATURE_RULE = {r.feature: r for r in RULES if r.level == 4 and r.feature}
+FEATURE_RULE = {r.feature: r for r in RULES if r.level == 4 and r.feature and not r.optional}
 
 # Paths that move dependencies rather than code.
 SUBMODULE = "3rdparty/Megatron-LM"
