@@ -73,8 +73,8 @@ MPU_STATE_MODULES = ("parallel_state", "mpu")
 # Where the parallel sizes and mpu state that changed code reads or sets count (provider, finalize, mapping and
 # PEFT adapter code verl runs), not only what the code is about.
 PARALLEL_CODE = (SRC + "models/*", SRC + "peft/*")
-# The sizes only Level 2's dense variant varies (env/presets.py: it sets COMMON_PP and COMMON_CP; the MoE variant
-# sets only COMMON_EP and COMMON_ETP): read on lines that run only for experts, they still need the dense run.
+# The sizes Level 2's MoE variant never varies (env/presets.py: it sets only COMMON_EP and COMMON_ETP; PP, VPP and CP
+# are the dense variant's, rule tp-pp-cp): read on lines that run only for experts, they still ask for the dense run.
 DENSE_VARIANT_SIZES = ("pp", "cp", "vpp", "pipeline parallel", "context parallel", "virtual pipeline", "pipeline stage")
 
 RULES: tuple[Rule, ...] = (
