@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from env.presets import FEATURES
 from sessions.plan import rules as plan_rules
-from sessions.plan.evidence import words_of
+from sessions.plan.evidence import _names_in, words_of
 from sessions.plan.index import BridgeIndex, Unit
 
 # words of an identifier or a name-like string (split at '_', '.', case) that are facts of a feature
@@ -359,9 +359,7 @@ def _moe_switches(cls: Unit) -> list[str]:
     out = []
     for n in ast.walk(cls.node):
         if isinstance(n, (ast.If, ast.IfExp)):
-            names = [x.id if isinstance(x, ast.Name) else x.attr if isinstance(x, ast.Attribute) else x.value
-                     for x in ast.walk(n.test) if isinstance(x, (ast.Name, ast.Attribute))
-                     or (isinstance(x, ast.Constant) and isinstance(x.value, str))]
+            names = _names_in(n.test, set(), strings=True)
             # a flag that names MoE itself; not one about expert weights (`use_fused_experts`: their layout) or
             # layers (`is_moe_layer`: the MoE layer schedule of a MoE model)
             out += [f"{x} ({cls.file}:{n.lineno})" for x in names if FLAG.match(x)
