@@ -96,6 +96,13 @@ BRIDGE_BASE: dict[str, str] = {
             pass
 
 
+        class QKVMapping(MegatronParamMapping):
+            def head_sizes(self, config):
+                # the real QKV mappings split by the model config's sizes (param_mapping.py reads them the same way)
+                head_num = config.num_attention_heads
+                return head_num, config.kv_channels or (config.hidden_size // head_num)
+
+
         class ExpertMapping(MegatronParamMapping):
             def megatron_to_hf(self, weights):
                 return self.gather_from_ep_ranks(weights)

@@ -1394,3 +1394,47 @@ def test_a_family_branching_on_a_moe_flag_involves_moe_only_where_the_change_tou
     plan = plan_for(tmp_path / "experts", experts, base=base)
     assert levels(plan) == ["L0", "L4:moe"]
     assert "moe-family-follow-up" not in [r.rule for e in plan.entries for r in e.reasons]
+
+
+def _deepseek_with_outside_layer_spec() -> dict[str, str]:
+    """A family whose provider picks a layer spec Megatron-Core builds (DeepSeek-V4's experimental attention
+    variant) and sets that spec's own fields, beside Qwen 3 (standard layers) setting the standard ones."""
+    base = dict(BRIDGE_BASE)
+    base[B + "models/deepseek/__init__.py"] = ""
+    base[B + "models/__init__.py"] = textwrap.dedent(BRIDGE_BASE[B + "models/__init__.py"]) + \
+        "from megatron.bridge.models.deepseek.deepseek_v4_bridge import DeepSeekV4Bridge\n"
+    base[B + "models/deepseek/deepseek_v4_bridge.py"] = (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.core.models.gpt.experimental_attention_variant_module_specs import (\n"
+        "    get_transformer_block_with_experimental_attention_variant_spec as _get_exp_attn_spec,\n"
+        ")\n\n\n"
+        "@MegatronModelBridge.register_bridge(source=\"DeepseekV4ForCausalLM\")\n"
+        "class DeepSeekV4Bridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n"
+        "        provider = GPTModelProvider()\n"
+        "        provider.transformer_layer_spec = _get_exp_attn_spec\n"
+        "        provider.hidden_size = hf_config.hidden_size\n"
+        "        provider.csa_compress_rotary_base = float(hf_config.compress_rope_theta)\n"
+        "        return provider\n\n"
+        "    def mapping_registry(self):\n"
+        "        return [AutoMapping()]\n")
+    return base
+
+
+def test_field_only_families_with_their_own_layers_set_is_custom_layer(tmp_path):
+    """A field of the provider that no family with standard layers sets and no shared code reads is a setting of
+    the layers Megatron-Core builds from the family's own spec: a change to it involves custom layer behaviour.
+    A field standard families set too (`hidden_size`) is no custom-layer change, in the same family."""
+    base = _deepseek_with_outside_layer_spec()
+    dsv4 = B + "models/deepseek/deepseek_v4_bridge.py"
+    own = {dsv4: base[dsv4].replace("float(hf_config.compress_rope_theta)",
+                                    "float(getattr(hf_config, 'compress_rope_theta', 160000))")}
+    plan = plan_for(tmp_path / "a", own, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer"]
+    assert "the change sets csa_compress_rotary_base, which only families with layers of their own set" \
+        in render_text(plan)
+    standard = {dsv4: base[dsv4].replace("provider.hidden_size = hf_config.hidden_size",
+                                         "provider.hidden_size = hf_config.hidden_size * 1")}
+    assert levels(plan_for(tmp_path / "b", standard, base=base)) == ["L0"]

@@ -222,6 +222,7 @@ class FamilyModel:
     config_units: set[str] = field(default_factory=set)  # its bridge and provider classes (with their methods)
     builds: Sites = field(default_factory=Sites)  # features of what that code builds from the HF config
     layer_reads: set[str] = field(default_factory=set)  # config fields its own layer modules read
+    config_fields: set[str] = field(default_factory=set)  # the model-config fields its bridge and providers set
     layer_helpers: dict[str, str] = field(default_factory=dict)  # unit → the layer unit that reaches it (not config)
     moe_switch: list[str] = field(default_factory=list)  # its config code branches on a MoE flag: dense models too
 
@@ -344,6 +345,7 @@ def _config_code(index: BridgeIndex, fam: FamilyModel) -> None:
         for m in cls.methods.values():
             fam.builds.update(sites_in(list(ast.walk(index.units[m].node)), file=index.units[m].file))
         fam.moe_switch += _moe_switches(cls)
+        fam.config_fields |= config_fields_set(cls, index)
     for k in fam.layer_units:
         u = index.units[k]
         if u.kind == "function" or (u.kind == "class" and not is_layer_class(u.node)):
@@ -351,6 +353,62 @@ def _config_code(index: BridgeIndex, fam: FamilyModel) -> None:
         for n in ast.walk(u.node):
             if isinstance(n, ast.Attribute) and _last_name(n.value) == "config" and isinstance(n.ctx, ast.Load):
                 fam.layer_reads.add(n.attr)
+
+
+def config_fields_set(cls: Unit, index: BridgeIndex) -> set[str]:
+    """The model-config fields a bridge or provider class sets: attribute assignments in its methods
+    (`provider.window_size = ...`; a bridge's `self.x` is the bridge's own state), keyword arguments to a provider or
+    config class (`Qwen3ModelProvider(window_size=...)`), and a provider's own declared fields (`window_size: int`)."""
+    provider = is_provider_class(index, cls)
+    out: set[str] = set()
+    for n in [x for m in cls.methods.values() for x in ast.walk(index.units[m].node)] + _class_own(cls):
+        if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+                out.update(x.attr for x in ast.walk(t) if isinstance(x, ast.Attribute)
+                           and (provider or _last_name(x.value) != "self"))
+        elif isinstance(n, ast.Call) and _hit(words_of(_last_name(n.func) or ""), PROVIDER_WORDS + ("config",)):
+            out.update(k.arg for k in n.keywords if k.arg)
+    if provider:
+        out.update(s.target.id for s in cls.node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
+    return out
+
+
+def standard_layer_fields(index: BridgeIndex) -> set[str]:
+    """Config fields that are no family's own layers' settings as far as Bridge's code shows: fields a family with no
+    layers of its own sets, and every name Bridge's shared code (outside the model folders' families and the
+    per-model recipes: conversion, training, the shared providers) reads or sets. A field that only families with their own layers set
+    (`csa_compress_rotary_base`, `dsa_indexer_topk`) is a setting of those layers: Megatron-Core builds them from
+    it, out of the Bridge's sight."""
+    return _per_index(index, "_standard_fields_cache", _build_standard_layer_fields)
+
+
+def _build_standard_layer_fields(index: BridgeIndex) -> set[str]:
+    _load_all(index)
+    out: set[str] = set()
+    for folder in sorted({f for rel in index.modules.files.values() if (f := folder_of(rel))}):
+        for fam in families_in(index, folder):
+            if "custom-layer" not in fam.builds.by_feature:
+                out |= fam.config_fields
+    for u in list(index.units.values()):
+        if u.kind == "module" and u.node is not None and folder_of(u.file) is None \
+                and not u.file.startswith(plan_rules.PER_MODEL_DIRS):
+            for n in ast.walk(u.node):
+                if isinstance(n, ast.Attribute):
+                    out.add(n.attr)
+                elif isinstance(n, ast.keyword) and n.arg:
+                    out.add(n.arg)
+    return out
+
+
+def own_layer_fields(index: BridgeIndex, fam: FamilyModel, fields: list[str]) -> list[str]:
+    """Of the fields a change sets, those that configure the family's own layers: it builds layers of its own
+    and no family with standard layers sets the field (a field of a feature's own, an expert count, is that
+    feature's)."""
+    if "custom-layer" not in fam.builds.by_feature:
+        return []
+    standard = standard_layer_fields(index)
+    return sorted({f for f in fields if f in fam.config_fields and f not in standard and not f.startswith("_")
+                   and not feature_of_name(f)})
 
 
 def _moe_switches(cls: Unit) -> list[str]:

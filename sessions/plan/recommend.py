@@ -288,7 +288,7 @@ def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = Non
     The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
     when the change is vision-only, nor when the family branches on a MoE flag and so builds dense models too), its
     quantized HF weights when the change is on a way verl moves weights, custom layer when the change sets a field
-    its own layer modules read; none of these when the change only gains a parameter and hands it on (plumbing:
+    its own layer modules read or one only families with layers of their own set; none of these when the change only gains a parameter and hands it on (plumbing:
     where the parameter is used decides). Lines only moved involve nothing. `offered` collects the optional Level 4
     follow-ups (rule name → facts): a MoE run for a family that builds dense and MoE models."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
@@ -357,6 +357,10 @@ def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = Non
             take.setdefault("custom-layer", (
                 f"the change sets {', '.join(fam['layer_reads'][:3])}, read by {fam['family']}'s own layer modules",
                 feats.get("custom-layer") or []))
+        elif own and fam.get("config") and fam.get("layer_fields") and not u.passes_through:
+            take.setdefault("custom-layer", (
+                f"the change sets {', '.join(fam['layer_fields'][:3])}, which only families with layers of their own "
+                f"set: a setting of {fam['family']}'s own layers", fam.get("builds", {}).get("custom-layer") or []))
         takes.append(take)
     if u.family is None and takes:
         # shared-folder code that only family code uses: a feature of the whole model counts when every family

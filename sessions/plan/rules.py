@@ -269,6 +269,9 @@ FAMILIES: tuple[Family, ...] = (
 
 # Family-independent provider code: files directly under models/ and these folders of it.
 GENERIC_MODEL_DIRS = ("conversion", "common", "hf_pretrained", "gpt", "decorators", "mamba", "hybrid")
+# Per-model configuration outside models/ (training recipes of one family): they set a family's fields, they are
+# no shared code that reads them.
+PER_MODEL_DIRS = (SRC + "recipes/", SRC + "perf_recipes/")
 GENERIC_DENSE = "Qwen/Qwen2.5-0.5B"  # the wrapper's default dense checkpoint, for family-independent code
 GENERIC_VLM = "Qwen/Qwen3-VL-2B-Instruct"  # a small public VLM with a Bridge provider, for shared code
 GENERIC_MOE = "allenai/OLMoE-1B-7B-0924"  # a small public MoE with a Bridge provider, for family-independent code
