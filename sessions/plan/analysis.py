@@ -334,7 +334,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             or bool(users & fam.config_units),
             "builds": {f: fam.builds.by_feature[f][:3] for f in fam.builds.features()},
             "layer_reads": sorted(set(targets) & fam.layer_reads), "moe_switch": fam.moe_switch[:2],
-            "layer_fields": plan_features.own_layer_fields(index, fam, targets)})
+            "layer_fields": plan_features.own_layer_fields(index, fam, targets, cache)})
     return touched.by_feature, served
 
 

@@ -369,24 +369,25 @@ def config_fields_set(cls: Unit, index: BridgeIndex) -> set[str]:
         elif isinstance(n, ast.Call) and _hit(words_of(_last_name(n.func) or ""), PROVIDER_WORDS + ("config",)):
             out.update(k.arg for k in n.keywords if k.arg)
     if provider:
-        out.update(s.target.id for s in cls.node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
+        out.update(s.target.id for s in cls.node.body
+                   if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
     return out
 
 
-def standard_layer_fields(index: BridgeIndex) -> set[str]:
-    """Config fields that are no family's own layers' settings as far as Bridge's code shows: fields a family with no
-    layers of its own sets, and every name Bridge's shared code (outside the model folders' families and the
-    per-model recipes: conversion, training, the shared providers) reads or sets. A field that only families with their own layers set
-    (`csa_compress_rotary_base`, `dsa_indexer_topk`) is a setting of those layers: Megatron-Core builds them from
-    it, out of the Bridge's sight."""
-    return _per_index(index, "_standard_fields_cache", _build_standard_layer_fields)
+def standard_layer_fields(index: BridgeIndex, cache: dict[str, list[FamilyModel]]) -> set[str]:
+    """Config fields that are no family's own layers' settings as far as Bridge's code shows: fields a family with
+    no layers of its own sets, and every name Bridge's shared code (outside the model folders' families and the
+    per-model recipes: conversion, training, the shared providers) reads or sets. A field that only families with
+    their own layers set (`csa_compress_rotary_base`, `dsa_indexer_topk`) is a setting of those layers:
+    Megatron-Core builds them from it, out of the Bridge's sight. `cache`: the caller's families per folder."""
+    return _per_index(index, "_standard_fields_cache", lambda i: _build_standard_layer_fields(i, cache))
 
 
-def _build_standard_layer_fields(index: BridgeIndex) -> set[str]:
+def _build_standard_layer_fields(index: BridgeIndex, cache: dict[str, list[FamilyModel]]) -> set[str]:
     _load_all(index)
     out: set[str] = set()
     for folder in sorted({f for rel in index.modules.files.values() if (f := folder_of(rel))}):
-        for fam in families_in(index, folder):
+        for fam in _families(index, folder, cache):
             if "custom-layer" not in fam.builds.by_feature:
                 out |= fam.config_fields
     for u in list(index.units.values()):
@@ -400,13 +401,14 @@ def _build_standard_layer_fields(index: BridgeIndex) -> set[str]:
     return out
 
 
-def own_layer_fields(index: BridgeIndex, fam: FamilyModel, fields: list[str]) -> list[str]:
+def own_layer_fields(index: BridgeIndex, fam: FamilyModel, fields: list[str],
+                     cache: dict[str, list[FamilyModel]]) -> list[str]:
     """Of the fields a change sets, those that configure the family's own layers: it builds layers of its own
     and no family with standard layers sets the field (a field of a feature's own, an expert count, is that
     feature's)."""
     if "custom-layer" not in fam.builds.by_feature:
         return []
-    standard = standard_layer_fields(index)
+    standard = standard_layer_fields(index, cache)
     return sorted({f for f in fields if f in fam.config_fields and f not in standard and not f.startswith("_")
                    and not feature_of_name(f)})
 

@@ -288,8 +288,8 @@ def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = Non
     The family's bridge or provider config that verl calls: what the family builds as a whole (MoE, VLM; not MoE
     when the change is vision-only, nor when the family branches on a MoE flag and so builds dense models too), its
     quantized HF weights when the change is on a way verl moves weights, custom layer when the change sets a field
-    its own layer modules read or one only families with layers of their own set; none of these when the change only gains a parameter and hands it on (plumbing:
-    where the parameter is used decides). Lines only moved involve nothing. `offered` collects the optional Level 4
+    its own layer modules read or one only families with layers of their own set; none of these when the change
+    only gains a parameter and hands it on (plumbing: where the parameter is used decides). Lines only moved involve nothing. `offered` collects the optional Level 4
     follow-ups (rule name → facts): a MoE run for a family that builds dense and MoE models."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
