@@ -169,6 +169,24 @@ def test_run_stops_at_failing_level0_and_skips_the_rest(workspace):
     assert json.loads((plan_dir / "plan.json").read_text())["recommendation"][0]["level"] == 0
 
 
+def test_run_blocked_in_preflight_is_a_blocked_plan(workspace, tmp_path):
+    # Level 0 stops in preflight (its data file is missing): its import deliverables are "Not shown"; the plan's
+    # combined report says Blocked (not Pass, not a traceback) and runs nothing after it.
+    _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA")
+    _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})
+    proc = workspace.invoke("plan", "--run", "--skip-bridge-checks", "--json",
+                            env={"TRAIN_FILES": str(tmp_path / "missing.parquet")})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["result"] == "Blocked"
+    assert [(lv["level"], lv["status"]) for lv in summary["levels"]] == [(0, "Blocked"), (1, "Skipped")]
+    level0 = json.loads((Path(summary["levels"][0]["run_dir"]) / "summary.json").read_text())
+    assert "Not shown" in {d["status"] for d in level0["deliverables"]}
+    combined = {d["name"]: d["status"] for d in summary["deliverables"]}
+    assert "Pass" not in combined.values() and combined["Local Bridge import in verl"] == "Not shown"
+
+
 def test_keep_going_runs_every_level(workspace):
     _verl_uses(workspace, "from megatron.bridge.peft.lora import LoRA")
     _feature_commit(workspace.bridge, {SRC + "peft/lora.py": "class LoRA:\n    pass\n"})

@@ -30,7 +30,7 @@ from sessions.plan.change import Change, ChangedFile, read_change  # noqa: F401
 from sessions.plan.recommend import Entry, Plan, recommend  # noqa: F401
 from sessions.plan.render import level_command, render_text
 from sessions.run.progress import Relay
-from sessions.run.report import DELIVERABLES, Deliverable, overall_result, render_junit
+from sessions.run.report import DELIVERABLES, NOT_SHOWN, Deliverable, overall_result, render_junit
 from sessions.run.rundir import new_run_dir
 
 PROJECT = PROJECT_ROOT
@@ -55,7 +55,10 @@ class LevelResult:
                 "result": (self.summary or {}).get("result"), "sentence": (self.summary or {}).get("sentence")}
 
 
-RANK = {"Fail": 4, "Blocked": 3, "Skipped": 2, "Pass": 1, "Not requested": 0}
+# the combined deliverable is the worst of the levels': a criterion one level could not show is no Pass
+RANK = {"Fail": 5, "Blocked": 4, NOT_SHOWN: 3, "Skipped": 2, "Pass": 1, "Not requested": 0}
+
+
 def run_one(entry: Entry, args: list[str], remainder: list[str], echo) -> LevelResult:
     """Run `invoke levelN ...` as a child (env/protocol/child.py: its Ctrl-C policy), streaming its output; read its
     run directory's summary.json."""
