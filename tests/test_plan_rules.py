@@ -1438,3 +1438,63 @@ def test_field_only_families_with_their_own_layers_set_is_custom_layer(tmp_path)
     standard = {dsv4: base[dsv4].replace("provider.hidden_size = hf_config.hidden_size",
                                          "provider.hidden_size = hf_config.hidden_size * 1")}
     assert levels(plan_for(tmp_path / "b", standard, base=base)) == ["L0"]
+
+
+def test_method_of_a_generic_base_verl_calls_through_the_provider(tmp_path):
+    # `class GPTModelProvider(ModelProviderMixin[MCoreGPTModel])`, as the real provider is declared: the subscript
+    # is typing only, the mixin's methods are the provider's, and verl's `provider.provide()` on the family's
+    # provider (a subclass of GPTModelProvider, as real families' are) runs the mixin's
+    mixin = B + "models/model_provider_mixin.py"
+    base = _with_family("tower", "tower_bridge", "TowerBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n\n\n"
+        "class TowerProvider(GPTModelProvider):\n    hidden_size = 8\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='TowerForCausalLM')\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return TowerProvider()\n"))
+    for path in (QWEN, OLMOE):  # the only families: GPTModelProvider itself is never built
+        base[path] = base[path].replace("GPTModelProvider()", "object()")
+    base[mixin] = ("from typing import Generic, TypeVar\n\nModelT = TypeVar('ModelT')\n\n\n"
+                   "class ModelProviderMixin(Generic[ModelT]):\n"
+                   "    def provide(self):\n        return self.build()\n")
+    base[GPT] = ("from megatron.bridge.models.model_provider_mixin import ModelProviderMixin\n\n\n"
+                 "class GPTModelProvider(ModelProviderMixin[object]):\n"
+                 "    num_moe_experts = None\n\n"
+                 "    def finalize(self):\n        self.ready = True\n\n"
+                 "    def build(self):\n        return object()\n")
+    change = {mixin: base[mixin].replace("return self.build()", "self.built = True\n        return self.build()")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0"]
+    assert [u["unit"] for u in reason_units(plan, "verl-runs-it")] == ["ModelProviderMixin.provide"]
+
+
+@pytest.mark.parametrize("registry, expected", [("AutoConfig", ["L0"]), ("AutoModelForCausalLM", []),
+                                                  ("ConfigTable", [])])
+def test_config_class_registered_with_transformers_is_built_when_verl_loads(tmp_path, registry, expected):
+    # `AutoConfig.register("tower", TowerConfig)` in a bridge module: HF builds TowerConfig when verl's
+    # AutoBridge.from_hf_pretrained loads a tower checkpoint, so its __init__ is verl's; handed to an HF model
+    # registry (HF builds the class only when the HF model is instantiated, which verl's Megatron path never does)
+    # or to a registry of Bridge's own that nothing reads, the class is built by no one
+    config = B + "models/tower/configuration_tower.py"
+    source = (
+        "from transformers import AutoConfig, AutoModelForCausalLM\n"
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.tower.configuration_tower import TowerConfig\n\n"
+        + ("" if registry == "AutoConfig" else "class ConfigTable:\n    @staticmethod\n"
+           "    def register(name, cls):\n        pass\n\n\n")
+        + f"{registry}.register('tower', TowerConfig)\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='TowerForCausalLM')\n"
+        "class TowerBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return GPTModelProvider()\n")
+    base = _with_family("tower", "tower_bridge", "TowerBridge", source)
+    base[config] = ("from transformers import PretrainedConfig\n\n\n"
+                    "class TowerConfig(PretrainedConfig):\n"
+                    "    model_type = 'tower'\n\n"
+                    "    def __init__(self, **kwargs):\n        super().__init__(**kwargs)\n")
+    change = {config: base[config].replace("super().__init__(**kwargs)",
+                                           "kwargs.setdefault('rope_theta', 1.0)\n        super().__init__(**kwargs)")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == expected
+    if expected:
+        assert [u["unit"] for u in reason_units(plan, "verl-runs-it")] == ["TowerConfig.__init__"]

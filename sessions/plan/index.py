@@ -35,6 +35,7 @@ class Unit:
     registered: bool = False  # a class a Bridge decorator registers (bridges, mappings)
     bridge_call: bool = False  # module code registers it as a bridge: `X = Bridge.register_bridge(...)(X)`
     deco_refs: set[str] = field(default_factory=set)  # what a class statement's decorators reference
+    hf_registered: bool = False  # module code registers it as an HF config class: `AutoConfig.register("x", C)`
     called: set[str] = field(default_factory=set)  # what it calls (a class called is instantiated)
     var_refs: set[str] = field(default_factory=set)  # module-level variables it reads ("pkg.mod.NAME")
     passed: set[str] = field(default_factory=set)  # module code: what it hands to a call (`register("x", f)`)
@@ -344,7 +345,8 @@ class BridgeIndex:
             unit.called.add(unit.cls)
         if unit.kind == "class":
             for b in unit.node.bases:  # type: ignore[union-attr]
-                t = self._target(b, info, local)
+                # a generic base (`ModelProviderMixin[MCoreGPTModel]`) is its class: the subscript is typing only
+                t = self._target(b.value if isinstance(b, ast.Subscript) else b, info, local)
                 if t and t[0] == "unit" and self.units.get(t[1]) and self.units[t[1]].kind == "class":
                     unit.bases.append(t[1])
             # naming a base class in a class statement uses nothing of it (its methods run through the subclass)
@@ -369,6 +371,12 @@ class BridgeIndex:
                         cls.bridge_call = cls.bridge_call or (
                             isinstance(func, (ast.Attribute, ast.Name))
                             and (func.attr if isinstance(func, ast.Attribute) else func.id) == "register_bridge")
+                if isinstance(n, ast.Call) and self._hf_auto_register(n.func, info, local):
+                    for arg in n.args:
+                        t = self._target(arg, info, local)
+                        cls = self.units.get(t[1]) if t and t[0] == "unit" else None
+                        if cls is not None and cls.kind == "class":
+                            cls.hf_registered = True
                 if isinstance(n, ast.Call):
                     for arg in [*n.args, *[k.value for k in n.keywords]]:
                         unit.passed.update(t[1] for x in ast.walk(arg) if (t := self._target(x, info, local))
@@ -383,6 +391,17 @@ class BridgeIndex:
                             if isinstance(x, ast.Name):
                                 info.table_refs.setdefault(x.id, set()).update(named)
         unit.refs.discard(unit.key)
+
+    @staticmethod
+    def _hf_auto_register(func: ast.AST, info: ModuleInfo, local: dict) -> bool:
+        """`AutoConfig.register`: transformers' config registry. HF builds the registered config class whenever a
+        checkpoint of that model type is loaded (verl: AutoBridge.from_hf_pretrained reads the config). Not
+        `AutoModel*.register`: the HF model class is built only when the HF model itself is instantiated, which
+        verl's Megatron path does not do (it streams the checkpoint's tensors through the bridge)."""
+        if not (isinstance(func, ast.Attribute) and func.attr == "register" and isinstance(func.value, ast.Name)):
+            return False
+        b = local.get(func.value.id) or info.table.get(func.value.id)
+        return bool(b) and b[0] == "from" and b[1].split(".")[0] == "transformers" and b[2] == "AutoConfig"
 
     def _variable(self, info: ModuleInfo, local: dict, name: str) -> str | None:
         """The module-level variable a name reads ("pkg.mod.NAME"), through imports and re-exports."""

@@ -135,6 +135,9 @@ def reach(index: BridgeIndex, seeds: list[tuple[str, Step]], attrs: dict[str, st
                     visit(k, Step(key, "class statement runs on import"))
                     if u.registered:
                         make_live(k, Step(key, "registered by its decorator on import"))
+                    elif u.hf_registered:
+                        make_live(k, Step(key, "registered with transformers' AutoConfig on import: HF builds it "
+                                               "when a checkpoint of its model type loads"))
                     live_base = next((b for b in u.bases if b in r.live), None)
                     if live_base:
                         make_live(k, Step(live_base, f"subclass of {index.units[live_base].name}"))
