@@ -1498,3 +1498,18 @@ def test_config_class_registered_with_transformers_is_built_when_verl_loads(tmp_
     assert levels(plan) == expected
     if expected:
         assert [u["unit"] for u in reason_units(plan, "verl-runs-it")] == ["TowerConfig.__init__"]
+
+
+@pytest.mark.parametrize("caller, expected", [("mpu", []), ("provider", ["L0"])])
+def test_attribute_verl_uses_on_another_librarys_module_is_no_bridge_call(tmp_path, caller, expected):
+    # verl's `mpu.initialize_model_parallel(...)` (mpu: megatron.core's) calls Megatron-Core, not the method of the
+    # same name on Bridge's provider; `provider.initialize_model_parallel()` on the provider verl built does
+    gpt = textwrap.dedent(BRIDGE_BASE[GPT])
+    base = {**BRIDGE_BASE, GPT: gpt.replace("    def provide(self):",
+                                            "    def initialize_model_parallel(self):\n        self.seed = 1\n\n"
+                                            "    def provide(self):")}
+    engine = textwrap.dedent(VERL_FILES["verl/workers/engine.py"])
+    verl = {**VERL_FILES, "verl/workers/engine.py": "from megatron.core import mpu\n" + engine.replace(
+        "    provider.finalize()\n", f"    provider.finalize()\n    {caller}.initialize_model_parallel()\n")}
+    change = {GPT: base[GPT].replace("self.seed = 1", "self.seed = 2")}
+    assert levels(plan_for(tmp_path, change, verl_files=verl, base=base)) == expected

@@ -86,6 +86,32 @@ def _vanilla_test(test: ast.AST) -> bool | None:
     return None
 
 
+def _foreign_names(tree: ast.AST) -> set[str]:
+    """Names a file binds by importing a module or name of another library (`from megatron.core import mpu`,
+    `import torch.distributed as dist`, `from transformers import AutoConfig`): an attribute used on one of them
+    (`mpu.initialize_model_parallel(...)`) is that library's, not a method of a Bridge object verl holds."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for alias in n.names:
+                if not _ours(alias.name):
+                    out.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module and not _ours(n.module):
+            out.update(alias.asname or alias.name for alias in n.names)
+    return out
+
+
+def _ours(module: str) -> bool:
+    """Bridge's or verl's own module: what it binds may be (or hand out) a Bridge object."""
+    return any(module == top or module.startswith(top + ".") for top in (BRIDGE_PACKAGE, "verl"))
+
+
+def _root_name(n: ast.Attribute) -> str | None:
+    while isinstance(n, ast.Attribute):
+        n = n.value
+    return n.id if isinstance(n, ast.Name) else None
+
+
 def _vanilla_only(tree: ast.AST) -> set[int]:
     """Nodes in branches only the legacy mbridge path takes."""
     out: set[int] = set()
@@ -118,6 +144,7 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
         mine: dict[str, str] = {}
         used: set[str] = set()
         vanilla = _vanilla_only(tree)
+        foreign = _foreign_names(tree)
         for node in ast.walk(tree):
             if id(node) in vanilla:
                 continue
@@ -137,7 +164,8 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
                     else:
                         used.add(alias.name)
             elif isinstance(node, ast.Attribute):
-                mine.setdefault(node.attr, f"{rel}:{node.lineno}")
+                if _root_name(node) not in foreign:
+                    mine.setdefault(node.attr, f"{rel}:{node.lineno}")
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
                   and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                   and isinstance(node.args[1].value, str)):
