@@ -5,6 +5,7 @@ planner read diff text, file names or words instead of what verl reaches and wha
 
 from __future__ import annotations
 
+import ast
 import textwrap
 
 import pytest
@@ -1513,3 +1514,11 @@ def test_attribute_verl_uses_on_another_librarys_module_is_no_bridge_call(tmp_pa
         "    provider.finalize()\n", f"    provider.finalize()\n    {caller}.initialize_model_parallel()\n")}
     change = {GPT: base[GPT].replace("self.seed = 1", "self.seed = 2")}
     assert levels(plan_for(tmp_path, change, verl_files=verl, base=base)) == expected
+
+
+def test_foreign_names_keep_a_root_a_bridge_import_binds_too():
+    from sessions.plan.verl_surface import _foreign_names
+
+    tree = ast.parse("import megatron.core\nimport megatron.bridge\nfrom megatron.core import mpu\n"
+                     "import torch.distributed as dist\nfrom verl.utils import helpers\n")
+    assert _foreign_names(tree) == {"mpu", "dist"}  # `megatron.bridge.X.y` stays an attribute chain of Bridge's

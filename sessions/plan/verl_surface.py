@@ -91,14 +91,14 @@ def _foreign_names(tree: ast.AST) -> set[str]:
     `import torch.distributed as dist`, `from transformers import AutoConfig`): an attribute used on one of them
     (`mpu.initialize_model_parallel(...)`) is that library's, not a method of a Bridge object verl holds."""
     out: set[str] = set()
+    own: set[str] = set()  # `import megatron.bridge` binds `megatron` too: `import megatron.core` beside it is no hint
     for n in ast.walk(tree):
         if isinstance(n, ast.Import):
             for alias in n.names:
-                if not _ours(alias.name):
-                    out.add(alias.asname or alias.name.split(".")[0])
+                (own if _ours(alias.name) else out).add(alias.asname or alias.name.split(".")[0])
         elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module and not _ours(n.module):
             out.update(alias.asname or alias.name for alias in n.names)
-    return out
+    return out - own
 
 
 def _ours(module: str) -> bool:
