@@ -371,16 +371,16 @@ class BridgeIndex:
                         cls.bridge_call = cls.bridge_call or (
                             isinstance(func, (ast.Attribute, ast.Name))
                             and (func.attr if isinstance(func, ast.Attribute) else func.id) == "register_bridge")
-                if isinstance(n, ast.Call) and self._hf_auto_register(n.func, info, local):
-                    for arg in n.args:
-                        t = self._target(arg, info, local)
-                        cls = self.units.get(t[1]) if t and t[0] == "unit" else None
-                        if cls is not None and cls.kind == "class":
-                            cls.hf_registered = True
                 if isinstance(n, ast.Call):
                     for arg in [*n.args, *[k.value for k in n.keywords]]:
                         unit.passed.update(t[1] for x in ast.walk(arg) if (t := self._target(x, info, local))
                                            and t[0] == "unit")
+                    if self._hf_auto_register(n.func, info, local):
+                        for arg in n.args:
+                            t = self._target(arg, info, local)
+                            cls = self.units.get(t[1]) if t and t[0] == "unit" else None
+                            if cls is not None and cls.kind == "class":
+                                cls.hf_registered = True
         if unit.kind == "module":  # what each module-level table names (`spec = ModuleSpec(module=FalconH1Layer)`)
             for stmt in _top_statements(unit.node):
                 if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:

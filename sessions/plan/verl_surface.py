@@ -101,9 +101,13 @@ def _foreign_names(tree: ast.AST) -> set[str]:
     return out - own
 
 
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def _ours(module: str) -> bool:
     """Bridge's or verl's own module: what it binds may be (or hand out) a Bridge object."""
-    return any(module == top or module.startswith(top + ".") for top in (BRIDGE_PACKAGE, "verl"))
+    return _in_package(module, BRIDGE_PACKAGE) or _in_package(module, "verl")
 
 
 def _root_name(n: ast.Attribute) -> str | None:
@@ -149,7 +153,7 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
             if id(node) in vanilla:
                 continue
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                if node.module == BRIDGE_PACKAGE or node.module.startswith(BRIDGE_PACKAGE + "."):
+                if _in_package(node.module, BRIDGE_PACKAGE):
                     direct.add(rel)
                     for alias in node.names:
                         surface.imports.append(SurfaceName(node.module, alias.name, rel, node.lineno))
@@ -158,7 +162,7 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
                     used.update(f"{node.module}.{a.name}" for a in node.names)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
-                    if alias.name == BRIDGE_PACKAGE or alias.name.startswith(BRIDGE_PACKAGE + "."):
+                    if _in_package(alias.name, BRIDGE_PACKAGE):
                         direct.add(rel)
                         surface.imports.append(SurfaceName(alias.name, None, rel, node.lineno))
                     else:
