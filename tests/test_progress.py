@@ -233,7 +233,7 @@ def test_relay_redraws_child_status_lines_on_a_terminal_and_passes_through_elsew
              b"[verl-e2e] note in between\n",
              b"[verl-e2e] status: verl \xc2\xb7 training \xc2\xb7 step 2/2 \xc2\xb7 /r \xc2\xb7 ended: exit 0\n",
              b"Result: Pass - done\n"]
-    code = ("import sys, time; from sessions.run.progress import Relay\nr = Relay()\n"
+    code = ("import sys, time; from env.protocol.relay import Relay\nr = Relay()\n"
             f"for chunk in {lines!r}:\n    r.write(chunk[:5]); r.write(chunk[5:]); r.flush(); time.sleep(0.3)\n"
             "r.close()\n")
     piped = subprocess.run([sys.executable, "-c", code], cwd=PROJECT, capture_output=True)

@@ -147,7 +147,7 @@ def remote_task(
     err: BinaryIO | None = None,
 ) -> int:
     """The body of `invoke remote`; returns the exit code (the remote task's, or 2/3 for our own failures)."""
-    from sessions.run.progress import Relay
+    from env.protocol.relay import Relay
 
     out = out or Relay()  # the task's status lines: one line redrawn in place on a terminal
     err = err or sys.stderr.buffer

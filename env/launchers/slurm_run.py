@@ -72,7 +72,7 @@ def _stream(argv: list[str], cwd: Path, env: dict[str, str] | None = None,
     (the multi-node driver tears down in order: the task, then every node's Ray); without one, the child is in
     our process group and gets the terminal's Ctrl-C itself (srun cancels its step)."""
     proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, env=env, start_new_session=bool(on_interrupt))
-    from sessions.run.progress import Relay
+    from env.protocol.relay import Relay
 
     started, tail, out = False, b"", Relay()  # status lines: one line redrawn in place on a terminal
     try:

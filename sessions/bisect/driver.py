@@ -25,6 +25,7 @@ from env import presets
 from env.protocol import child as child_protocol
 from env.protocol import exits, lines
 from env.protocol.child import invoke_argv
+from env.protocol.relay import Relay
 from env.repos import RepoError, bridge_state, verl_state
 from env.settings import PROJECT_ROOT, TOOL_PREFIX, Resolved, UsageError, config_section, resolve
 from sessions.bisect.checkout import BisectCheckout, BisectState, CommitInfo, GitStepError, StartState
@@ -32,7 +33,6 @@ from sessions.bisect.report import report
 from sessions.judge.structure import failure_signature
 from sessions.judge.verdict import CATEGORIES
 from sessions.run.level import LevelOptions, make_level_task, parse_options
-from sessions.run.progress import Relay
 from sessions.run.record import RUN_FILE
 from sessions.run.rundir import new_run_dir
 

@@ -24,12 +24,12 @@ from typing import Any
 from env.protocol import lines as tool_lines
 from env.protocol.cli import task_remainder
 from env.protocol.exits import BY_RESULT as EXIT_BY_RESULT
+from env.protocol.relay import Relay
 from env.settings import PROJECT_ROOT, TOOL_PREFIX, UsageError, config_section, resolve
 from sessions.plan.analysis import Analysis, ChangedUnit, analyse  # noqa: F401 (the planner's API)
 from sessions.plan.change import Change, ChangedFile, read_change  # noqa: F401
 from sessions.plan.recommend import Entry, Plan, recommend  # noqa: F401
 from sessions.plan.render import level_command, render_text
-from sessions.run.progress import Relay
 from sessions.run.report import DELIVERABLES, NOT_SHOWN, Deliverable, overall_result, render_junit
 from sessions.run.rundir import new_run_dir
 

@@ -7,16 +7,13 @@ The launcher (sessions/run/launch.py) writes every byte to the run's log first a
   redrawn in place (rich's `Live`: it keeps the line to the terminal's width and owns the cursor codes); anywhere
   else (CI, nohup, Slurm files) a plain `[verl-e2e] status: ...` line on each phase change and step, never `\\r`.
 - `EchoDisplay`: `--verbose` / VERL_E2E_VERBOSE=1, the whole log as it arrives (the old behaviour).
-- `Relay`: for the commands that run a level somewhere else and pass its output on (`plan --run`, `remote`,
-  `slurm` attached): the child, whose stdout is a pipe, prints plain status lines; on a terminal the relay
-  redraws them in place as one line, elsewhere it passes everything through untouched.
+(A child's status lines passed on by `plan --run`, `remote` and attached `slurm`: env/protocol/relay.py.)
 After the run, `outcome` gives what a user needs: on Fail/Blocked the first error, its hint and the log's last
 lines, then the summary's Result line and where the report is.
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 import time
@@ -25,14 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
+from env.protocol.relay import ENDED_MARK, STATUS_PREFIX, TerminalLine, duration, is_terminal
 from env.settings import TOOL_PREFIX
 
 VERBOSE_ENV = "VERL_E2E_VERBOSE"
 TOOL_NOTE = TOOL_PREFIX.encode()
-STATUS_PREFIX = f"{TOOL_PREFIX} status: "
-ENDED_MARK = " · ended: "  # the last status line of a run (a relay stops redrawing there)
 TAIL_LINES = 20
-REFRESH_PER_SECOND = 4
 BAR_WIDTH = 20
 BAR_MIN_WIDTH = 100  # narrower terminals: no bar, the numbers matter more
 QUIET_NOTE_S = 300.0  # plain output: a status line after this long without log output (still alive, or hung)
@@ -43,23 +38,6 @@ def verbose_requested(environ: Any = None) -> bool:
     """--verbose (the level task sets the variable for itself and its children) or VERL_E2E_VERBOSE=1."""
     environ = os.environ if environ is None else environ
     return str(environ.get(VERBOSE_ENV, "")).strip().lower() in TRUE_WORDS
-
-
-def is_terminal(stream: Any) -> bool:
-    """A terminal that can redraw a line: a tty whose TERM is not `dumb`."""
-    try:
-        return os.isatty(stream.fileno()) and os.environ.get("TERM", "") != "dumb"
-    except (AttributeError, OSError, ValueError):
-        return False
-
-
-def duration(seconds: float) -> str:
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,35 +117,6 @@ class Status:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Terminal rendering (rich)
-
-
-class TerminalLine:
-    """One line redrawn in place under the normal output, with rich's Live (its own refresh thread, so elapsed
-    and idle times move between log lines); `print` goes above it."""
-
-    def __init__(self, stream: TextIO, renderable: Any):
-        from rich.console import Console
-        from rich.live import Live
-
-        self.console = Console(file=stream, force_terminal=True, force_interactive=True, highlight=False,
-                               soft_wrap=False)
-        self.live = Live(renderable, console=self.console, auto_refresh=True,
-                         refresh_per_second=REFRESH_PER_SECOND, transient=False, redirect_stdout=True,
-                         redirect_stderr=True)
-        self.live.start()
-        atexit.register(self.stop)  # a child that died before its last status line: the cursor comes back
-
-    def print(self, text: str) -> None:
-        from rich.text import Text
-
-        self.console.print(Text.from_ansi(text), soft_wrap=True)
-
-    def refresh(self) -> None:
-        self.live.refresh()
-
-    def stop(self) -> None:
-        self.live.stop()  # idempotent
-        atexit.unregister(self.stop)
 
 
 class _StatusRenderable:
@@ -314,78 +263,6 @@ def verl_display(label: str, run_dir: Path, *, level: int | None, steps: int | N
 
     return open_display(label, run_dir, judge=None if verbose_requested() else LiveJudge(level=level),
                         steps=steps)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Relaying a child's output (plan --run, remote, slurm attached)
-
-
-class Relay:
-    """A binary stream for another process's output: on a terminal, its plain status lines become one line
-    redrawn in place (marked with how long ago the child last printed); elsewhere bytes pass through as they are."""
-
-    def __init__(self, out: TextIO | None = None):
-        self.out = out or sys.stdout
-        self.binary: BinaryIO = getattr(self.out, "buffer", self.out)
-        self.terminal = is_terminal(self.out)
-        self.pending = b""
-        self.status_text: str | None = None
-        self.last_line = time.monotonic()
-        self.line_view: TerminalLine | None = None
-
-    # -- file-like (remote's stream, slurm's read loop) -------------------------------------------------------
-    def write(self, data: bytes) -> int:
-        if not self.terminal:
-            self.binary.write(data)
-            return len(data)
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        for line in lines:
-            self.line(line.decode("utf-8", "replace"))
-        return len(data)
-
-    def flush(self) -> None:
-        if not self.terminal:
-            try:
-                self.binary.flush()
-            except (BrokenPipeError, ValueError):
-                pass
-
-    # -- line by line (plan's echo) -----------------------------------------------------------------------------
-    def line(self, text: str) -> None:
-        self.last_line = time.monotonic()
-        if not self.terminal:
-            print(text, file=self.out, flush=True)
-            return
-        if text.startswith(STATUS_PREFIX):
-            self.status_text = text[len(STATUS_PREFIX):]
-            if self.line_view is None:
-                self.line_view = TerminalLine(self.out, self)
-            if ENDED_MARK in text:
-                self._stop()
-            return
-        if self.line_view is not None:
-            self.line_view.print(text)
-        else:
-            print(text, file=self.out, flush=True)
-
-    def __rich__(self) -> Any:
-        from rich.text import Text
-
-        ago = duration(time.monotonic() - self.last_line)
-        return Text(f"{self.status_text} · updated {ago} ago", no_wrap=True, overflow="ellipsis")
-
-    def _stop(self) -> None:
-        if self.line_view is not None:
-            self.line_view.refresh()
-            self.line_view.stop()
-            self.line_view = None
-
-    def close(self) -> None:
-        if self.pending:
-            self.line(self.pending.decode("utf-8", "replace"))
-            self.pending = b""
-        self._stop()
 
 
 # ---------------------------------------------------------------------------------------------------------------
