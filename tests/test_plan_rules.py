@@ -563,6 +563,52 @@ def test_verl_branches_for_the_legacy_mbridge_are_no_verl_path(tmp_path):
     assert "save_hf_weights" in attrs and "get_model_legacy" not in attrs and "save_weights_legacy" not in attrs
 
 
+def test_only_the_modules_verls_rl_job_loads_count(tmp_path):
+    # the wrapper runs `python3 -m verl.trainer.main_ppo`: what it imports (lazily, relatively), names in a string
+    # or in a Hydra config is its code; verl's model merger is another program (`python -m verl.model_merger`)
+    from sessions.plan.verl_surface import read_surface
+
+    files = {
+        **VERL_FILES,
+        "verl/__init__.py": "",
+        "verl/trainer/__init__.py": "",
+        "verl/trainer/main_ppo.py": """
+            WORKER = "verl.workers.peft.peft"
+
+
+            def main():
+                from verl.workers import engine
+                return engine.build
+            """,
+        "verl/trainer/config/ppo.yaml": "checkpoint:\n  _target_: verl.utils.checkpoint.save\n",
+        "verl/workers/__init__.py": "from . import resume\n",
+        "verl/workers/resume.py": """
+            from verl.models.mcore.bridge import AutoBridge
+
+
+            def resume(bridge: AutoBridge):
+                return bridge.load_from_resume_dir()
+            """,
+        "verl/model_merger/__init__.py": "",
+        "verl/model_merger/megatron_model_merger.py": """
+            from verl.models.mcore.bridge import AutoBridge
+
+
+            def merge(config, bridge):
+                bridge.merge_into_hf_dir(config.target_dir)
+            """,
+    }
+    surface = read_surface(verl_checkout(tmp_path / "a", files))
+    attrs, imported = surface.attributes, {s.dotted for s in surface.imports}
+    assert {"to_megatron_provider", "load_from_resume_dir"} <= set(attrs)  # lazy import; `from . import resume`
+    assert "megatron.bridge.peft.utils.create_peft" in imported  # named by a string of the job
+    assert "megatron.bridge.training.checkpointing.save_fsdp_dtensor_checkpoint" in imported  # by its Hydra config
+    assert "merge_into_hf_dir" not in attrs and "target_dir" not in attrs  # the merger CLI: not the RL job
+    # a checkout without the job's module (an older layout): every file of the package counts
+    del files["verl/trainer/main_ppo.py"]
+    assert "merge_into_hf_dir" in read_surface(verl_checkout(tmp_path / "b", files)).attributes
+
+
 def test_a_helper_only_feature_code_calls_serves_that_feature(tmp_path):
     change = edit(AUTO, "def export_hf_weights(self, model):",
                   "def _dequantize_blocks(self, model):\n    return self._unpack(model)\n\n"

@@ -2,12 +2,14 @@
 (where, and whether the import is lazy inside a function) and the attribute names verl's code uses (the methods it
 may call on the Bridge objects it builds: `bridge.export_hf_weights(...)`, `provider.finalize()`).
 
-Only what verl's RL job runs counts: not its tests, nor its standalone command-line scripts. Nothing is imported or run.
+Only what verl's RL job runs counts: not its tests, nor its standalone command-line scripts, nor any module the job
+(`python3 -m verl.trainer.main_ppo`) never loads (RL_JOB). Nothing is imported or run.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +22,12 @@ SKIPPED_DIRS = {"tests", "test", "docs", ".git", "__pycache__", "build", "dist",
 # top-level folders of standalone command-line tools (a checkpoint merger, a converter) that users run by hand:
 # verl's RL job (the procedure's run_ppo_trainer_megatron.sh → verl.trainer) never runs them
 OFFLINE_TOOLS = {"scripts"}
+# The RL job the wrapper starts (`python3 -m verl.trainer.main_ppo`): only the verl modules it can load count — its
+# imports followed (lazy ones inside functions too) and the modules named by dotted strings in its code and configs
+# (Hydra `_target_`s, worker classes). What it never loads is another program: the model merger, the SFT and eval
+# trainers, experimental trainers. A checkout without this module (an old layout): every file counts.
+RL_JOB = "verl.trainer.main_ppo"
+DOTTED_VERL = re.compile(r"\bverl(?:\.\w+)+")
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,49 @@ def _python_files(root: Path):
 def _module_of(rel: str) -> str:
     parts = rel[:-3].split("/")
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _verl_modules_named(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """The dotted names a verl file imports (absolute or relative, at any depth) or spells in a string."""
+    package = module if is_package else module.rpartition(".")[0]
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - (n.level - 1)] + ([n.module] if n.module else []))
+            else:
+                base = n.module or ""
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in n.names)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and "verl." in n.value:
+            out.update(DOTTED_VERL.findall(n.value))
+    return {m for m in out if _in_package(m, "verl")}
+
+
+def _job_files(root: Path, named: dict[str, set[str]], module_file: dict[str, str]) -> set[str] | None:
+    """The verl files the RL job can load (see RL_JOB): None when the checkout has no RL_JOB module."""
+    if RL_JOB not in module_file:
+        return None
+    for config in sorted((root / "verl").rglob("*.yaml")):  # Hydra configs: `_target_: verl.workers.config.X`
+        try:
+            named.setdefault(RL_JOB, set()).update(DOTTED_VERL.findall(config.read_text(errors="replace")))
+        except OSError:
+            continue
+    loaded: set[str] = set()
+    todo = [RL_JOB]
+    while todo:
+        module = todo.pop()
+        if module in loaded:
+            continue
+        loaded.add(module)
+        for name in named.get(module, ()):
+            parts = name.split(".")
+            # importing a.b.c runs a/__init__, a/b/__init__ and a/b/c; `from a.b import c` may name module a.b.c
+            todo += [m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in module_file]
+    return {module_file[m] for m in loaded}
 
 
 def _vanilla_test(test: ast.AST) -> bool | None:
@@ -139,12 +190,18 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
     surface = VerlSurface(str(root))
     attrs: dict[str, dict[str, str]] = {}  # file → attribute → file:line
     imports: dict[str, set[str]] = {}  # file → verl modules it imports
+    named: dict[str, set[str]] = {}  # module → the verl modules it imports or names (for _job_files)
+    module_file: dict[str, str] = {}
+    found: list[SurfaceName] = []
     direct: set[str] = set()
     for path, rel in _python_files(root):
         try:
             tree = ast.parse(path.read_bytes(), filename=rel)
         except (SyntaxError, ValueError, OSError):
             continue  # a file verl itself could not import either
+        module = _module_of(rel)
+        module_file[module] = rel
+        named[module] = _verl_modules_named(tree, module, rel.endswith("__init__.py"))
         mine: dict[str, str] = {}
         used: set[str] = set()
         vanilla = _vanilla_only(tree)
@@ -156,7 +213,7 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
                 if _in_package(node.module, BRIDGE_PACKAGE):
                     direct.add(rel)
                     for alias in node.names:
-                        surface.imports.append(SurfaceName(node.module, alias.name, rel, node.lineno))
+                        found.append(SurfaceName(node.module, alias.name, rel, node.lineno))
                 else:
                     used.add(node.module)
                     used.update(f"{node.module}.{a.name}" for a in node.names)
@@ -164,7 +221,7 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
                 for alias in node.names:
                     if _in_package(alias.name, BRIDGE_PACKAGE):
                         direct.add(rel)
-                        surface.imports.append(SurfaceName(alias.name, None, rel, node.lineno))
+                        found.append(SurfaceName(alias.name, None, rel, node.lineno))
                     else:
                         used.add(alias.name)
             elif isinstance(node, ast.Attribute):
@@ -176,6 +233,12 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
                 mine.setdefault(node.args[1].value, f"{rel}:{node.lineno}")
         attrs[rel] = mine
         imports[rel] = used
+    job = _job_files(root, named, module_file)
+    if job is not None:  # files the RL job never loads are another program's
+        direct &= job
+        attrs = {rel: a for rel, a in attrs.items() if rel in job}
+        imports = {rel: used for rel, used in imports.items() if rel in job}
+    surface.imports = [s for s in found if job is None or s.file in job]
     if not surface.imports:
         raise SurfaceError(f"verl checkout {root} imports nothing from {BRIDGE_PACKAGE}: it cannot tell what verl "
                            "reaches (is it a verl checkout with the Megatron-Bridge backend?)")
