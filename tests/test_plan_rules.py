@@ -1567,4 +1567,4 @@ def test_foreign_names_keep_a_root_a_bridge_import_binds_too():
 
     tree = ast.parse("import megatron.core\nimport megatron.bridge\nfrom megatron.core import mpu\n"
                      "import torch.distributed as dist\nfrom verl.utils import helpers\n")
-    assert _foreign_names(tree) == {"mpu", "dist"}  # `megatron.bridge.X.y` stays an attribute chain of Bridge's
+    assert _foreign_names(list(ast.walk(tree))) == {"mpu", "dist"}  # `megatron.bridge.X.y` stays an attribute chain of Bridge's

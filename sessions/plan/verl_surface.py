@@ -77,11 +77,11 @@ def _module_of(rel: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _verl_modules_named(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+def _verl_modules_named(nodes: list[ast.AST], module: str, is_package: bool) -> set[str]:
     """The dotted names a verl file imports (absolute or relative, at any depth) or spells in a string."""
     package = module if is_package else module.rpartition(".")[0]
     out: set[str] = set()
-    for n in ast.walk(tree):
+    for n in nodes:
         if isinstance(n, ast.Import):
             out.update(a.name for a in n.names)
         elif isinstance(n, ast.ImportFrom):
@@ -137,13 +137,13 @@ def _vanilla_test(test: ast.AST) -> bool | None:
     return None
 
 
-def _foreign_names(tree: ast.AST) -> set[str]:
+def _foreign_names(nodes: list[ast.AST]) -> set[str]:
     """Names a file binds by importing a module or name of another library (`from megatron.core import mpu`,
     `import torch.distributed as dist`, `from transformers import AutoConfig`): an attribute used on one of them
     (`mpu.initialize_model_parallel(...)`) is that library's, not a method of a Bridge object verl holds."""
     out: set[str] = set()
     own: set[str] = set()  # `import megatron.bridge` binds `megatron` too: `import megatron.core` beside it is no hint
-    for n in ast.walk(tree):
+    for n in nodes:
         if isinstance(n, ast.Import):
             for alias in n.names:
                 (own if _ours(alias.name) else out).add(alias.asname or alias.name.split(".")[0])
@@ -167,10 +167,10 @@ def _root_name(n: ast.Attribute) -> str | None:
     return n.id if isinstance(n, ast.Name) else None
 
 
-def _vanilla_only(tree: ast.AST) -> set[int]:
+def _vanilla_only(nodes: list[ast.AST]) -> set[int]:
     """Nodes in branches only the legacy mbridge path takes."""
     out: set[int] = set()
-    for n in ast.walk(tree):
+    for n in nodes:
         if isinstance(n, ast.If):
             side = _vanilla_test(n.test)
             if side is not None:
@@ -201,12 +201,13 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
             continue  # a file verl itself could not import either
         module = _module_of(rel)
         module_file[module] = rel
-        named[module] = _verl_modules_named(tree, module, rel.endswith("__init__.py"))
+        nodes = list(ast.walk(tree))  # walked once, read by each pass below
+        named[module] = _verl_modules_named(nodes, module, rel.endswith("__init__.py"))
         mine: dict[str, str] = {}
         used: set[str] = set()
-        vanilla = _vanilla_only(tree)
-        foreign = _foreign_names(tree)
-        for node in ast.walk(tree):
+        vanilla = _vanilla_only(nodes)
+        foreign = _foreign_names(nodes)
+        for node in nodes:
             if id(node) in vanilla:
                 continue
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
