@@ -35,6 +35,8 @@ def _verl_uses(ws, *lines: str) -> None:
     """The workspace's verl checkout imports these Bridge names (as real verl imports AutoBridge, create_peft...)."""
     path = ws.verl / "verl" / "bridge_use.py"
     path.write_text("\n".join(lines) + "\n")
+    job = ws.verl / "verl" / "trainer" / "main_ppo.py"  # the RL job loads it, as real verl's job loads its workers
+    job.write_text(job.read_text() + "\n\ndef _bridge_use():\n    import verl.bridge_use  # noqa: F401\n")
     r = git.Repo(ws.verl)
     r.git.add("-A")
     r.index.commit("verl uses Bridge")
