@@ -604,6 +604,12 @@ def test_only_the_modules_verls_rl_job_loads_count(tmp_path):
     assert "megatron.bridge.peft.utils.create_peft" in imported  # named by a string of the job
     assert "megatron.bridge.training.checkpointing.save_fsdp_dtensor_checkpoint" in imported  # by its Hydra config
     assert "merge_into_hf_dir" not in attrs and "target_dir" not in attrs  # the merger CLI: not the RL job
+    # a job that loads none of the files importing the Bridge: said, not taken for "verl uses no Bridge"
+    from sessions.plan.verl_surface import SurfaceError
+
+    unloaded = {**files, "verl/trainer/main_ppo.py": "def main():\n    return 0\n", "verl/trainer/config/ppo.yaml": ""}
+    with pytest.raises(SurfaceError, match=r"its RL job \(verl.trainer.main_ppo\) loads none of the \d+ file"):
+        read_surface(verl_checkout(tmp_path / "c", unloaded))
     # a checkout without the job's module (an older layout): every file of the package counts
     del files["verl/trainer/main_ppo.py"]
     assert "merge_into_hf_dir" in read_surface(verl_checkout(tmp_path / "b", files)).attributes

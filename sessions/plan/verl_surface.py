@@ -107,7 +107,8 @@ def _job_files(root: Path, named: dict[str, set[str]], module_file: dict[str, st
         except OSError:
             continue
     loaded: set[str] = set()
-    todo = [RL_JOB]
+    parts = RL_JOB.split(".")
+    todo = [m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in module_file]  # its packages run too
     while todo:
         module = todo.pop()
         if module in loaded:
@@ -240,6 +241,11 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
         attrs = {rel: a for rel, a in attrs.items() if rel in job}
         imports = {rel: used for rel, used in imports.items() if rel in job}
     surface.imports = [s for s in found if job is None or s.file in job]
+    if found and not surface.imports:
+        files = sorted({s.file for s in found})
+        raise SurfaceError(f"verl checkout {root}: its RL job ({RL_JOB}) loads none of the {len(files)} file(s) that "
+                           f"import {BRIDGE_PACKAGE} ({', '.join(files[:3])}{', ...' if len(files) > 3 else ''}): "
+                           "it cannot tell what verl reaches")
     if not surface.imports:
         raise SurfaceError(f"verl checkout {root} imports nothing from {BRIDGE_PACKAGE}: it cannot tell what verl "
                            "reaches (is it a verl checkout with the Megatron-Bridge backend?)")
