@@ -101,23 +101,25 @@ def _job_files(root: Path, named: dict[str, set[str]], module_file: dict[str, st
     """The verl files the RL job can load (see RL_JOB): None when the checkout has no RL_JOB module."""
     if RL_JOB not in module_file:
         return None
+
+    def runs(name: str) -> list[str]:
+        """The checkout's modules that importing `name` runs: a.b.c runs a/__init__, a/b/__init__ and a/b/c (and
+        `from a.b import c` may name the module a.b.c)."""
+        parts = name.split(".")
+        return [m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in module_file]
+
+    todo = runs(RL_JOB)
     for config in sorted((root / "verl").rglob("*.yaml")):  # Hydra configs: `_target_: verl.workers.config.X`
         try:
-            named.setdefault(RL_JOB, set()).update(DOTTED_VERL.findall(config.read_text(errors="replace")))
+            todo += [m for name in DOTTED_VERL.findall(config.read_text(errors="replace")) for m in runs(name)]
         except OSError:
             continue
     loaded: set[str] = set()
-    parts = RL_JOB.split(".")
-    todo = [m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in module_file]  # its packages run too
     while todo:
         module = todo.pop()
-        if module in loaded:
-            continue
-        loaded.add(module)
-        for name in named.get(module, ()):
-            parts = name.split(".")
-            # importing a.b.c runs a/__init__, a/b/__init__ and a/b/c; `from a.b import c` may name module a.b.c
-            todo += [m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in module_file]
+        if module not in loaded:
+            loaded.add(module)
+            todo += [m for name in named.get(module, ()) for m in runs(name)]
     return {module_file[m] for m in loaded}
 
 

@@ -7,7 +7,7 @@ The launcher (sessions/run/launch.py) writes every byte to the run's log first a
   redrawn in place (rich's `Live`: it keeps the line to the terminal's width and owns the cursor codes); anywhere
   else (CI, nohup, Slurm files) a plain `[verl-e2e] status: ...` line on each phase change and step, never `\\r`.
 - `EchoDisplay`: `--verbose` / VERL_E2E_VERBOSE=1, the whole log as it arrives (the old behaviour).
-(A child's status lines passed on by `plan --run`, `remote` and attached `slurm`: env/protocol/relay.py.)
+(A child's status lines passed on by `plan --run`, `bisect`, `remote` and attached `slurm`: env/protocol/relay.py.)
 After the run, `outcome` gives what a user needs: on Fail/Blocked the first error, its hint and the log's last
 lines, then the summary's Result line and where the report is.
 """
