@@ -88,3 +88,17 @@ def test_level0_with_the_heavy_probes_alongside_verl():
         assert heavy["megatron.bridge imports"] == "ok" and heavy["Ray worker imports the local Bridge"] == "ok"
     summary = json.loads((RUNS / "level0_alongside" / "summary.json").read_text())
     assert {d["name"]: d["status"] for d in summary["deliverables"]}["Local Bridge import in verl"] == "Pass"
+
+
+def test_a_log_cut_while_the_rollout_engine_warmed_up_is_no_pass_and_says_where_it_stopped():
+    """2026-12-05, the tool at bd2b7b9 on the H200: the hold ended while Level 0 ran (the log stops in vLLM 0.24's
+    CUDA-graph capture, before step 1; no exit code, no footer). vLLM 0.24 under verl 0.9 prints no 'Initializing
+    ... LLM engine' line: the capture bar is what shows the rollout engine starting."""
+    log = RUNS / "level0_host_lost_mid_run" / "verl.log"
+    assert "Capturing CUDA graphs" in log.read_text(errors="replace").splitlines()[-1]
+    v = judge_log(log, level=0, bridge_src=BRIDGE_SRC, level_rule=True)
+    assert (v.result, v.category, v.phase) == ("Fail", "unknown", "rollout-up")
+    assert (v.steps_completed, v.steps_expected) == (0, 1) and v.exit_code is None
+    assert "still running" in v.hint and v.level_result == "Fail"
+    shown = {c["name"]: c["status"] for c in v.to_json()["criteria"]}
+    assert shown["exit code 0"] == "not shown" and shown["expected steps completed"] == "Fail"

@@ -100,6 +100,17 @@ def test_nan_in_core_metric_fails_even_when_steps_complete():
     assert (verdict.result, verdict.category) == ("Fail", "nan-metrics")
 
 
+@pytest.mark.parametrize("warm_up", [
+    "(vLLMHttpServer pid=7) (Worker pid=9) Capturing CUDA graphs (decode, FULL):   0%|          | 0/70 [00:00<?, ?it/s]",
+    "(SGLangHttpServer pid=7) [2026-03-04 16:46:41 TP0] Capture cuda graph begin. This can take up to several minutes.",
+])
+def test_a_rollout_engines_cuda_graph_capture_puts_the_run_at_rollout_up(warm_up):
+    built = ["+ TOTAL_TRAIN_STEPS=2", "(WorkerDict pid=3)   Adapter parameters:   26,624"]
+    assert judge_lines(built).phase != "rollout-up"
+    assert judge_lines(built + [warm_up]).phase == "rollout-up"
+    assert judge_lines(_healthy(2) + [warm_up]).result == "Pass"  # a later engine start moves no finished run back
+
+
 def test_exit_code_nonzero_denies_pass():
     assert judge_lines(_healthy(1), exit_code=0).result == "Pass"
     assert judge_lines(_healthy(1), exit_code=1).result == "Fail"

@@ -38,7 +38,7 @@ SCAN_NEEDLES = (
     "cannot be scheduled", "USE_DUMMY_MODEL", "enforce_eager", "reward_model.enable", "global_profiler",
     "gradient_accumulation_fusion", "wandb:", "dot product attention", "GCS", "Ray instance", "Ray has not",
     "PEFT", "ProcessGroupNCCL", "wrapper exit code", "state_dict", "attention_backend", "-m verl.", "total_epochs",
-    "train dataloader", "primary config", "Epoch ", "\", line ",
+    "train dataloader", "primary config", "Epoch ", "\", line ", "Capturing CUDA graph", "Capture cuda graph",
 ) + CALL_NEEDLES  # a frame's statement calling a function of an area of verl's loop (frames.py)
 
 # tqdm bars are frequent: of each scanned chunk only the last one is read; a bar at 100% is read wherever it is.
@@ -309,6 +309,11 @@ PATTERNS: tuple[Pattern, ...] = (
     _p("megatron-params", "number of parameters on", r"number of parameters on \(tensor, pipeline\)", "marker",
        phase="model-built"),
     _p("vllm-engine-up", "LLM engine", r"Initializing an? (?:V1 )?LLM engine", "marker", phase="rollout-up"),
+    # the rollout engine's start-up warm-up, printed once per engine before it serves: vLLM's CUDA-graph capture
+    # bar (vLLM 0.24 under verl 0.9's HTTP server prints no 'Initializing ... LLM engine' line: seen on the H200)
+    # and SGLang's 'Capture cuda graph begin.'
+    _p("vllm-cuda-graphs", "Capturing CUDA graph", r"Capturing CUDA graphs? \(", "marker", phase="rollout-up"),
+    _p("sglang-cuda-graph", "Capture cuda graph", r"Capture cuda graph begin", "marker", phase="rollout-up"),
     # -- named causes: positive environment evidence (Blocked) ---------------------------------------------------
     _p("worker-no-bridge", "No module named", r"No module named 'megatron\.bridge'", "error",
        category="env-ray-import", result="blocked"),
