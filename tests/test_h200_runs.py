@@ -1,5 +1,6 @@
 """The tool's own runs on one real H200 (2026-12-01; verl v0.9.0, Bridge r0.6.0, vLLM 0.24, the image without
-modelopt, flash-attn, Apex or nsys; Levels 0 and 5 in a second session the same day), sanitized by ../shared/gpu-kit/sanitize.py: each log is judged by the engine
+modelopt, flash-attn, Apex or nsys; Levels 0 and 5 in a second session the same day) and on one H100 (2026-12-07,
+same stack; the `h100_` folders), sanitized by ../shared/gpu-kit/sanitize.py: each log is judged by the engine
 alone as the level run judged it, and `judge --level N` agrees with the level run's own Result.
 
 Level 1's run directory holds two logs; its level rule (save at 1, resume, train and save step 2) is shown by run
@@ -27,6 +28,10 @@ CASES = [
     ("level0_pass", "verl.log", 0, ("Pass", "success"), "Pass"),
     ("level0_alongside", "verl.log", 0, ("Pass", "success"), "Pass"),
     ("level0_probe_first", "verl.log", 0, ("Pass", "success"), "Pass"),
+    # 2026-12-07, the tool at bea4a6f on one H100 80GB (same stack): runs-2026-12-07-h100.tsv, h100_level0_pass/README.md
+    ("h100_level0_pass", "verl.log", 0, ("Pass", "success"), "Pass"),
+    ("h100_level1_save_resume_pass", "verl-B.log", 1, ("Pass", "success"), "Pass"),
+    ("h100_level3_fsdp_weight_sync", "verl.log", 3, ("Fail", "weight-sync"), "Fail"),
 ]
 
 
@@ -46,9 +51,15 @@ def test_level3_failure_is_the_weight_sync_after_the_engine_was_up():
     assert "Level 0" in v.hint and "rollout engine failed before the actor" not in v.hint
 
 
-def test_level1_run_a_alone_does_not_pass_level1():
-    v = judge_log(RUNS / "level1_save_resume_pass" / "verl-A.log", level=1, bridge_src=BRIDGE_SRC, level_rule=True)
+@pytest.mark.parametrize("run", ["level1_save_resume_pass", "h100_level1_save_resume_pass"])
+def test_level1_run_a_alone_does_not_pass_level1_and_says_which_log_shows_the_rest(run):
+    v = judge_log(RUNS / run / "verl-A.log", level=1, bridge_src=BRIDGE_SRC, level_rule=True)
     assert v.result == "Pass" and v.level_result != "Pass"
+    unseen = [c.name for c in v.criteria if c.status == "not shown"]
+    assert unseen and not [c for c in v.criteria if c.status == "Fail"]
+    # no error to read: the follow-up is the log that shows what this one cannot
+    assert len(v.follow_ups) == len(unseen) and all("run B's log" in f for f in v.follow_ups), v.follow_ups
+    assert not any("first error" in f for f in v.follow_ups)
 
 
 def test_modelopt_came_from_the_wheel_folder_and_level1_was_blocked_before_it():

@@ -342,6 +342,16 @@ def _level_answer(ev, verdict: Verdict) -> None:
 
 
 
+def _level_follow_ups(verdict: Verdict) -> list[str]:
+    """What to do when the run passed and its level did not. A criterion that failed: its category's follow-up. Only
+    criteria the log does not show (Level 1's run A log holds no resume): the log that shows them, not a reading of
+    an error the log has none of."""
+    if any(c.status == "Fail" for c in verdict.criteria):
+        return [FOLLOW_UPS[verdict.level_category]]
+    return [f"{c.name}: not shown by this log ({c.detail}); judge a log that shows it" for c in verdict.criteria
+            if c.status == NOT_SHOWN]
+
+
 def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = None) -> Verdict:
     """The verdict from the evidence alone (a pure function: it reads `ev`, changes nothing). `level_rule`: also
     apply level N's own rule from the log (`judge --level N`); `log_path`: where the wrapper's trace is read."""
@@ -496,7 +506,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             verdict.limitations += [n for n in notes if n not in verdict.limitations]
         _level_answer(ev, verdict)
         if verdict.level_result != "Pass" and verdict.result == "Pass":
-            verdict.follow_ups = [FOLLOW_UPS[verdict.level_category]]
+            verdict.follow_ups = _level_follow_ups(verdict)
     return verdict
 
 
