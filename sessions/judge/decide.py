@@ -341,7 +341,6 @@ def _level_answer(ev, verdict: Verdict) -> None:
         verdict.level_summary = f"{level}: the run passed and every criterion passed"
 
 
-
 def _level_follow_ups(verdict: Verdict) -> list[str]:
     """What to do when the run passed and its level did not. A criterion that failed: its category's follow-up. Only
     criteria the log does not show (Level 1's run A log holds no resume): the log that shows them, not a reading of
