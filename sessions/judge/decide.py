@@ -332,23 +332,17 @@ def _level_answer(ev, verdict: Verdict) -> None:
         verdict.level_result = "Blocked" if wrong else "Fail"
         verdict.level_category = "wrong-bridge" if wrong else "unknown"
         verdict.level_summary = f"{level}: criterion failed: " + "; ".join(f"{c.name} ({c.detail})" for c in failed)
+        verdict.follow_ups = [FOLLOW_UPS[verdict.level_category]]
     elif unseen:
         verdict.level_result, verdict.level_category = "Fail", "unknown"
         verdict.level_summary = f"{level}: the run passed but the log does not show: " + "; ".join(
             f"{c.name} ({c.detail})" for c in unseen)
+        # no error to read (Level 1's run A log holds no resume): the log that shows each criterion
+        verdict.follow_ups = [f"{c.name}: not shown by this log ({c.detail}); judge a log that shows it"
+                              for c in unseen]
     else:
         verdict.level_result, verdict.level_category = "Pass", "success"
         verdict.level_summary = f"{level}: the run passed and every criterion passed"
-
-
-def _level_follow_ups(verdict: Verdict) -> list[str]:
-    """What to do when the run passed and its level did not. A criterion that failed: its category's follow-up. Only
-    criteria the log does not show (Level 1's run A log holds no resume): the log that shows them, not a reading of
-    an error the log has none of."""
-    if any(c.status == "Fail" for c in verdict.criteria):
-        return [FOLLOW_UPS[verdict.level_category]]
-    return [f"{c.name}: not shown by this log ({c.detail}); judge a log that shows it" for c in verdict.criteria
-            if c.status == NOT_SHOWN]
 
 
 def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = None) -> Verdict:
@@ -504,8 +498,6 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
             verdict.criteria += more
             verdict.limitations += [n for n in notes if n not in verdict.limitations]
         _level_answer(ev, verdict)
-        if verdict.level_result != "Pass" and verdict.result == "Pass":
-            verdict.follow_ups = _level_follow_ups(verdict)
     return verdict
 
 
