@@ -1574,3 +1574,62 @@ def test_foreign_names_keep_a_root_a_bridge_import_binds_too():
     tree = ast.parse("import megatron.core\nimport megatron.bridge\nfrom megatron.core import mpu\n"
                      "import torch.distributed as dist\nfrom verl.utils import helpers\n")
     assert _foreign_names(list(ast.walk(tree))) == {"mpu", "dist"}  # `megatron.bridge.X.y` stays an attribute chain of Bridge's
+
+
+DATACLASS_LORA = {**BRIDGE_BASE, LORA: """
+    from dataclasses import dataclass
+
+
+    @dataclass
+    class LoRA:
+        dim: int = 8
+        normalize_moe_lora: bool = False
+
+        def __call__(self, model):
+            return self.transform(model)
+
+        def transform(self, module):
+            module.lora_dim = self.dim
+            return module
+    """}
+
+
+def test_a_changed_line_behind_a_peft_switch_off_by_default_gets_the_setting_that_runs_it(tmp_path):
+    # (Bridge ae9b8c354's shape) the new rank rule runs only with normalize_moe_lora=True, which defaults to False:
+    # verl builds the PEFT object from actor_rollout_ref.model.lora through create_peft, so that key sets it
+    change = edit(LORA, "module.lora_dim = self.dim",
+                  "module.lora_dim = self._effective_dim(module)", DATACLASS_LORA)
+    change[LORA] = change[LORA].replace(
+        "    def __call__(self, model):",
+        "    def _effective_dim(self, module):\n"
+        "        if not self.normalize_moe_lora or not getattr(module, 'is_expert', False):\n"
+        "            return self.dim\n"
+        "        return self.dim // 2\n\n"
+        "    def __call__(self, model):")
+    plan = plan_for(tmp_path / "off", change, base=DATACLASS_LORA)
+    l1 = next(e for e in plan.entries if e.level == 1)
+    assert l1.overrides == ["++actor_rollout_ref.model.lora.normalize_moe_lora=True"]
+    assert "runs only when normalize_moe_lora=True (its default is False" in l1.settings[0]
+    assert "-- ++actor_rollout_ref.model.lora.normalize_moe_lora=True" in render_text(plan)
+    l0 = next(e for e in plan.entries if e.level == 0)
+    assert l0.overrides == [] and "Level 0 keeps the defaults" in l0.settings[0]  # the smoke stays the default path
+    # the same lines behind a switch that is on by default: the defaults run them, nothing to set
+    on = {LORA: change[LORA].replace("normalize_moe_lora: bool = False", "normalize_moe_lora: bool = True")}
+    on_base = {**DATACLASS_LORA, LORA: DATACLASS_LORA[LORA].replace("normalize_moe_lora: bool = False",
+                                                                    "normalize_moe_lora: bool = True")}
+    assert all(not e.settings for e in plan_for(tmp_path / "on", on, base=on_base).entries)
+
+
+def test_a_provider_switch_off_by_default_is_named_without_an_override_it_cannot_vouch_for(tmp_path):
+    # a provider field may be set by the family's bridge from the HF config: the plan names the switch, sets nothing
+    base = {**BRIDGE_BASE, GPT: "from dataclasses import dataclass\n\n\n@dataclass\nclass GPTModelProvider:\n"
+            "    num_moe_experts: int = None\n    fused_norm: bool = False\n\n    def finalize(self):\n"
+            "        self.ready = True\n\n    def provide(self):\n        return self.build()\n\n"
+            "    def build(self):\n        return object()\n"}
+    change = {GPT: base[GPT].replace("        return object()\n",
+                                     "        if self.fused_norm:\n            return [object()]\n"
+                                     "        return object()\n")}
+    plan = plan_for(tmp_path, change, base=base)
+    l0 = next(e for e in plan.entries if e.level == 0)
+    assert l0.overrides == [] and "runs only when fused_norm=True" in l0.settings[0]
+    assert "override_transformer_config" in l0.settings[0]

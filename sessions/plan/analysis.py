@@ -65,6 +65,8 @@ class ChangedUnit:
     only_moved: bool = False  # every changed line is an import moved here (deferred into a function): placement only
     passes_through: bool = False  # it only gains parameters and hands them on: plumbing for the code that uses them
     config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
+    switches: list[dict] = field(default_factory=list)  # settings of its own object that changed lines need and
+    # the defaults do not give: {"field", "value", "default", "cls", "peft"} (line_settings turns them into overrides)
 
     @property
     def name(self) -> str:
@@ -75,8 +77,40 @@ class ChangedUnit:
                 "path": [f"{plan_reach_label(k)} [{how}]" for k, how in self.path],
                 "entries": self.entries, "export_only": self.export_only,
                 "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
-                "touched": self.touched, "conditions": self.conditions, "families": [f["family"] for f in self.served] or ["all families"],
+                "touched": self.touched, "conditions": self.conditions, "switches": self.switches,
+                "families": [f["family"] for f in self.served] or ["all families"],
                 "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served]}
+
+
+def _switches_off_by_default(index: BridgeIndex, unit: Unit, needed: list[tuple[str, bool]]) -> list[dict]:
+    """Of the `self.X` values a method's changed lines need, those its dataclass declares with another default
+    (`normalize_moe_lora: bool = False` where the lines need True): the default run never executes those lines.
+    Declared on the class or a Bridge base it inherits from; only PEFT classes (`peft`: Bridge's PEFT package) and
+    providers, whose fields are the settings verl's config reaches."""
+    if unit.kind != "method" or not unit.cls or not needed:
+        return []
+    out = []
+    for name, value in needed:
+        default = _bool_field_default(index, unit.cls, name, set())
+        cls = index.units[unit.cls]
+        peft = cls.file.startswith(plan_rules.SRC + "peft/")
+        if default is not None and default != value and (peft or plan_features.is_provider_class(index, cls)):
+            out.append({"field": name, "value": value, "default": default, "cls": cls.name, "peft": peft})
+    return out
+
+
+def _bool_field_default(index: BridgeIndex, cls_key: str, name: str, seen: set[str]) -> bool | None:
+    """The default of a dataclass field `name: bool = True|False` of the class or its Bridge bases (None: none)."""
+    cls = index.units.get(cls_key)
+    if cls is None or cls_key in seen or not isinstance(cls.node, ast.ClassDef):
+        return None
+    seen.add(cls_key)
+    dataclass = any("dataclass" in ast.unparse(d) for d in cls.node.decorator_list)
+    for s in cls.node.body:
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == name:
+            ok = dataclass and isinstance(s.value, ast.Constant) and type(s.value.value) is bool
+            return s.value.value if ok else None
+    return next((d for b in cls.bases if (d := _bool_field_default(index, b, name, seen)) is not None), None)
 
 
 def plan_reach_label(key: str) -> str:
@@ -446,6 +480,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         cu.only_moved = bool(lines) and all(ln in moved and _is_import_text(text, ln) for ln in lines) \
             and key not in removed_for
         cu.passes_through = _passes_through(unit, lines, ev)
+        cu.switches = _switches_off_by_default(index, unit, ev.switches)
         if unit.kind in ("class", "method"):
             cls = index.units.get(unit.cls if unit.kind == "method" else key)
             cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)

@@ -118,6 +118,8 @@ class Evidence:
     # line binds (`hf_config = self.hf_config`, then `getattr(hf_config, "num_nextn_predict_layers")`)
     only_imports: bool = False  # every changed code line is an import statement
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
+    switches: list[tuple[str, bool]] = field(default_factory=list)  # `self.X` tests that decide whether changed
+    # lines run, with the value they need (`if not self.normalize_moe_lora: return` before them: X=True)
 
 
 # A condition about experts (`if self.is_expert:`, `if moe_layer:`): the lines under it serve the MoE path.
@@ -254,7 +256,38 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
     if not ev.new:
         _conditions(ev, own, lines, skip)
         ev.bound_reads = _bound_reads(own, lines, skip)
+    ev.switches = _switches(own, lines)
     return ev
+
+
+def _self_values(test: ast.AST, truth: bool) -> list[tuple[str, bool]]:
+    """The `self.X` values that make `test` come out `truth`, where the test alone decides them (`not self.a or x`
+    false needs a=True; `self.a and x` true needs a=True; `self.a or x` true needs nothing certain)."""
+    if isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name) and test.value.id == "self":
+        return [(test.attr, truth)]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _self_values(test.operand, not truth)
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) == truth:  # every operand has that value
+        return [v for operand in test.values for v in _self_values(operand, truth)]
+    return []
+
+
+def _switches(own: list[ast.AST], lines: set[int]) -> list[tuple[str, bool]]:
+    """The object's own settings a changed line needs to run: the `self.X` tests of the `if`s around it (body or
+    else) and of the early exits before it (`if not self.normalize_moe_lora or not is_expert: return self.dim`)."""
+    out: list[tuple[str, bool]] = []
+    for n in own:
+        if isinstance(n, ast.If):
+            if any(set(_span(b)) & lines for b in n.body):
+                out += _self_values(n.test, True)
+            if any(set(_span(b)) & lines for b in n.orelse):
+                out += _self_values(n.test, False)
+    for block in {id(b): b for n in own for b in _blocks(n)}.values():
+        for i, s in enumerate(block):
+            if isinstance(s, ast.If) and not s.orelse and _exits(s.body) and \
+                    any(set(_span(later)) & lines for later in block[i + 1:]):
+                out += _self_values(s.test, False)
+    return list(dict.fromkeys(out))
 
 
 def _bound_reads(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:

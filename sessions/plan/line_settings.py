@@ -2,6 +2,12 @@
 lines sit under (`if ep_size > 1 and self.expert_tensor_parallel_size is None:`). When the level's default
 settings would not reach the line, the plan says so and gives the Hydra overrides that do; `plan --run` appends
 them to that level's command (later wins in Hydra).
+
+Besides parallel sizes, a changed line may sit behind a switch of its own object that is off by default
+(`if not self.normalize_moe_lora or not is_expert: return self.dim` in a PEFT class). verl builds its PEFT object
+from `actor_rollout_ref.model.lora` through Bridge's `create_peft`, which passes every key that is a field of the
+PEFT class: the override sets the switch. Level 0 keeps the procedure's defaults (the smoke of the default path)
+and only says which level runs the line.
 """
 
 from __future__ import annotations
@@ -53,4 +59,30 @@ def settings_for(conditions: list[str], level: int, variant: str | None) -> list
         what = ", ".join(f"{k}={v}" for k, v in need.items())
         out.append((f"the changed line runs only when `{cond}`: {what} (the level's defaults do not reach it)",
                     overrides))
+    return out
+
+
+PEFT_CONFIG = "actor_rollout_ref.model.lora"  # verl's PEFT config: create_peft(config) builds the PEFT object from it
+
+
+def switch_settings(switches: list[dict], level: int, peft_from_config: bool) -> list[tuple[str, list[str]]]:
+    """(what, Hydra overrides) for each switch of the changed code's own object that its default leaves off.
+    `peft_from_config`: verl builds the PEFT object from its config through create_peft (read from verl's imports)."""
+    out: list[tuple[str, list[str]]] = []
+    for s in {(d["cls"], d["field"]): d for d in switches}.values():
+        value = "True" if s["value"] else "False"
+        line = (f"the changed line of {s['cls']} runs only when {s['field']}={value} (its default is "
+                f"{s['default']}: the level's defaults do not reach it)")
+        if not s["peft"]:
+            out.append((line + "; the family's bridge may set it from the HF config, or verl's "
+                        "override_transformer_config", []))
+        elif not peft_from_config:
+            out.append((line + "; this verl builds its PEFT object without Bridge's create_peft: no verl setting "
+                        "is known to set it", []))
+        elif level == 0:
+            out.append((line + "; Level 0 keeps the defaults (the smoke of the default path): a later level run "
+                        f"with ++{PEFT_CONFIG}.{s['field']}={value} runs it", []))
+        else:
+            out.append((line + f"; verl passes {PEFT_CONFIG}.{s['field']} to {s['cls']} (for a class other than "
+                        f"the default type's, also set {PEFT_CONFIG}.type)", [f"++{PEFT_CONFIG}.{s['field']}={value}"]))
     return out

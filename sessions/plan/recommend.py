@@ -407,6 +407,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
         return Plan(change, [], [], f"documentation-only change ({len(change.files)} file(s)): no verl "
                     "level is required; nothing recommended", True, [], [])
     units = analysis.units if analysis else []
+    # verl builds its PEFT object through Bridge's create_peft from its config (every key a field of the class)
+    peft_from_config = bool(analysis) and any(s.name == "create_peft" for s in analysis.surface.imports)
     fired: dict[tuple, Entry] = {}
 
     def add(rule: Rule, files: list[str], details: list[dict]) -> None:
@@ -489,11 +491,15 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     primary = families[0] if families else None
     for e in entries + optional:
         e.model, e.dummy = _entry_model(e, primary or _serving_family(change, e))
+        found = []
         if e.level in (2, 3, 4):
             conds = list(dict.fromkeys(c for r in e.reasons for u in r.units for c in u.get("conditions", [])))
-            for what, overrides in line_settings.settings_for(conds, e.level, e.variant):
-                e.settings.append(what)
-                e.overrides += [o for o in overrides if o not in e.overrides]
+            found += line_settings.settings_for(conds, e.level, e.variant)
+        switches = [s for r in e.reasons for u in r.units for s in u.get("switches", [])]
+        found += line_settings.switch_settings(switches, e.level, peft_from_config)
+        for what, overrides in found:
+            e.settings.append(what)
+            e.overrides += [o for o in overrides if o not in e.overrides]
     matched_files = {f for e in ordered for r in e.reasons for f in r.files}
     unmatched = [f.path for f in code if f.path not in matched_files and not _matches(f.path, plan_rules.BRIDGE_OWN)
                  and f.path not in {u.file for u in units if u.tier == "none"}]

@@ -25,6 +25,8 @@ def level_command(entry: Entry, passthrough: list[str], model: str | None) -> li
 def _render_entry(e: Entry, passthrough: list[str], chosen_model: str | None) -> list[str]:
     model = chosen_model or e.model
     cmd = "invoke " + shlex.join(level_command(e, passthrough or [], model))
+    if e.overrides:  # what `plan --run` appends: the settings that run the changed line
+        cmd += " -- " + shlex.join(e.overrides)
     lines = [f"- {e.title}: {cmd}"]
     if e.optional:
         lines.append(f"    optional: {e.optional}")
