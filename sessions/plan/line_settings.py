@@ -71,12 +71,14 @@ def switch_settings(switches: list[dict], level: int, peft_from_config: bool) ->
     out: list[tuple[str, list[str]]] = []
     for s in {(d["cls"], d["field"]): d for d in switches}.values():
         value = "True" if s["value"] else "False"
-        line = (f"the changed line of {s['cls']} runs only when {s['field']}={value} (its default is "
-                f"{s['default']}: the level's defaults do not reach it)")
-        if not s["peft"]:
-            out.append((line + "; the family's bridge may set it from the HF config, or verl's "
-                        "override_transformer_config", []))
-        elif not peft_from_config:
+        line = f"the changed line of {s['cls']} runs only when {s['field']}={value}"
+        if not s["peft"]:  # a provider field: the family's bridge may set it from the HF config
+            out.append((line + f" (its class default is {s['default']}): a run reaches it only with a checkpoint "
+                        f"whose bridge sets it, or with ++{ROLES[0]}.megatron.override_transformer_config."
+                        f"{s['field']}={value}", []))
+            continue
+        line += f" (its default is {s['default']}: the level's defaults do not reach it)"
+        if not peft_from_config:
             out.append((line + "; this verl builds its PEFT object without Bridge's create_peft: no verl setting "
                         "is known to set it", []))
         elif level == 0:
