@@ -1580,8 +1580,12 @@ DATACLASS_LORA = {**BRIDGE_BASE, LORA: """
     from dataclasses import dataclass
 
 
+    class PEFT:
+        pass
+
+
     @dataclass
-    class LoRA:
+    class LoRA(PEFT):
         dim: int = 8
         normalize_moe_lora: bool = False
 

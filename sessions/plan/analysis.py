@@ -85,16 +85,20 @@ class ChangedUnit:
 def _switches_off_by_default(index: BridgeIndex, unit: Unit, needed: list[tuple[str, bool]]) -> list[dict]:
     """Of the `self.X` values a method's changed lines need, those its dataclass declares with another default
     (`normalize_moe_lora: bool = False` where the lines need True): the default run never executes those lines.
-    Declared on the class or a Bridge base it inherits from; only PEFT classes (`peft`: Bridge's PEFT package) and
-    providers, whose fields are the settings verl's config reaches."""
-    if unit.kind != "method" or not unit.cls or not needed:
+    Declared on the class or a Bridge base it inherits from; only PEFT classes (`peft`: in Bridge's PEFT package,
+    deriving from its `PEFT` base: what create_peft builds) and providers, whose fields verl's config reaches."""
+    cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else None
+    if cls is None or not needed:
+        return []
+    # a PEFT class create_peft can build: Bridge's PEFT package, deriving from its `PEFT` base
+    peft = cls.file.startswith(plan_rules.SRC + "peft/") and any(
+        index.units[b].name == "PEFT" for b in [cls.key, *plan_reach._ancestors(index, cls.key)])
+    if not peft and not plan_features.is_provider_class(index, cls):
         return []
     out = []
     for name, value in needed:
-        default = _bool_field_default(index, unit.cls, name, set())
-        cls = index.units[unit.cls]
-        peft = cls.file.startswith(plan_rules.SRC + "peft/")
-        if default is not None and default != value and (peft or plan_features.is_provider_class(index, cls)):
+        default = _bool_field_default(index, cls.key, name, set())
+        if default is not None and default != value:
             out.append({"field": name, "value": value, "default": default, "cls": cls.name, "peft": peft})
     return out
 
