@@ -82,18 +82,18 @@ class ChangedUnit:
                 "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served]}
 
 
-def _switches_off_by_default(index: BridgeIndex, unit: Unit, needed: list[tuple[str, bool]]) -> list[dict]:
-    """Of the `self.X` values a method's changed lines need, those its dataclass declares with another default
-    (`normalize_moe_lora: bool = False` where the lines need True): the default run never executes those lines.
-    Declared on the class or a Bridge base it inherits from; only PEFT classes (`peft`: in Bridge's PEFT package,
-    deriving from its `PEFT` base: what create_peft builds) and providers, whose fields verl's config reaches."""
-    cls = index.units.get(unit.cls) if unit.kind == "method" and unit.cls else None
-    if cls is None or not needed:
+def _switches_off_by_default(index: BridgeIndex, cls: Unit, provider: bool,
+                             needed: list[tuple[str, bool]]) -> list[dict]:
+    """Of the `self.X` values a method's changed lines need, those its class (`cls`, a dataclass) declares with
+    another default (`normalize_moe_lora: bool = False` where the lines need True): the default run never executes
+    those lines. Declared on the class or a Bridge base it inherits from; only PEFT classes (`peft`: in Bridge's PEFT
+    package, deriving from its `PEFT` base: what create_peft builds) and providers, whose fields verl's config
+    reaches."""
+    if not needed:
         return []
-    # a PEFT class create_peft can build: Bridge's PEFT package, deriving from its `PEFT` base
     peft = cls.file.startswith(plan_rules.SRC + "peft/") and any(
         index.units[b].name == "PEFT" for b in [cls.key, *plan_reach._ancestors(index, cls.key)])
-    if not peft and not plan_features.is_provider_class(index, cls):
+    if not peft and not provider:
         return []
     out = []
     for name, value in needed:
@@ -109,10 +109,10 @@ def _bool_field_default(index: BridgeIndex, cls_key: str, name: str, seen: set[s
     if cls is None or cls_key in seen or not isinstance(cls.node, ast.ClassDef):
         return None
     seen.add(cls_key)
-    dataclass = any("dataclass" in ast.unparse(d) for d in cls.node.decorator_list)
+    is_dataclass = any("dataclass" in ast.unparse(d) for d in cls.node.decorator_list)
     for s in cls.node.body:
         if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == name:
-            ok = dataclass and isinstance(s.value, ast.Constant) and type(s.value.value) is bool
+            ok = is_dataclass and isinstance(s.value, ast.Constant) and type(s.value.value) is bool
             return s.value.value if ok else None
     return next((d for b in cls.bases if (d := _bool_field_default(index, b, name, seen)) is not None), None)
 
@@ -484,10 +484,11 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
         cu.only_moved = bool(lines) and all(ln in moved and _is_import_text(text, ln) for ln in lines) \
             and key not in removed_for
         cu.passes_through = _passes_through(unit, lines, ev)
-        cu.switches = _switches_off_by_default(index, unit, ev.switches)
         if unit.kind in ("class", "method"):
             cls = index.units.get(unit.cls if unit.kind == "method" else key)
             cu.config_code = cls is not None and plan_features.is_provider_class(index, cls)
+            if unit.kind == "method" and cls is not None:
+                cu.switches = _switches_off_by_default(index, cls, cu.config_code, ev.switches)
         if tier != "none":
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file,
                                               verl_calls=key in entry_keys)
