@@ -282,11 +282,8 @@ def _switches(own: list[ast.AST], lines: set[int]) -> list[tuple[str, bool]]:
                 out += _self_values(n.test, True)
             if any(set(_span(b)) & lines for b in n.orelse):
                 out += _self_values(n.test, False)
-    for block in {id(b): b for n in own for b in _blocks(n)}.values():
-        for i, s in enumerate(block):
-            if isinstance(s, ast.If) and not s.orelse and _exits(s.body) and \
-                    any(set(_span(later)) & lines for later in block[i + 1:]):
-                out += _self_values(s.test, False)
+    for s in _exits_before(own, lines):
+        out += _self_values(s.test, False)
     return list(dict.fromkeys(out))
 
 
@@ -385,20 +382,28 @@ def _conditions(ev: Evidence, own: list[ast.AST], lines: set[int], skip: set[int
                 ev.subject += _names_in(n.test, skip, strings=True)
             elif in_body and not trivial:
                 ev.subject += names
+    for s in _exits_before(own, lines):
+        # `if self.ep_size == 1: return ...` before a changed line: that line runs only when the test is false
+        if set(_span(s)) & lines:
+            continue
+        # (only an exit on a trivial size says what reaching the line takes; other exits check inputs)
+        if _exits_when_trivial(s.test):
+            ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
+            ev.exits += _names_in(s.test, skip)
+        elif isinstance(s.test, ast.UnaryOp) and isinstance(s.test.op, ast.Not):
+            # `if not isinstance(p, DTensor): return` before a changed line: the line runs only for DTensors
+            # (what it requires is what it is about; no parallel size: Level 2 reads only sizes' exits)
+            ev.requires += _names_in(s.test.operand, skip, strings=True)
+
+
+def _exits_before(own: list[ast.AST], lines: set[int]):
+    """The early exits (`if ...: return|raise|continue|break`, no else) with a changed line after them in their
+    block: that line runs only when the exit's test is false."""
     for block in {id(b): b for n in own for b in _blocks(n)}.values():
         for i, s in enumerate(block):
-            # `if self.ep_size == 1: return ...` before a changed line: that line runs only when the test is false
-            if not (isinstance(s, ast.If) and not s.orelse and _exits(s.body)) or set(_span(s)) & lines:
-                continue
-            # (only an exit on a trivial size says what reaching the line takes; other exits check inputs)
-            if _exits_when_trivial(s.test) and any(set(_span(later)) & lines for later in block[i + 1:]):
-                ev.conditions.append(f"not ({ast.unparse(s.test)[:190]})")
-                ev.exits += _names_in(s.test, skip)
-            elif isinstance(s.test, ast.UnaryOp) and isinstance(s.test.op, ast.Not) and \
+            if isinstance(s, ast.If) and not s.orelse and _exits(s.body) and \
                     any(set(_span(later)) & lines for later in block[i + 1:]):
-                # `if not isinstance(p, DTensor): return` before a changed line: the line runs only for DTensors
-                # (what it requires is what it is about; no parallel size: Level 2 reads only sizes' exits)
-                ev.requires += _names_in(s.test.operand, skip, strings=True)
+                yield s
 
 
 def _set_names(t: ast.AST) -> list[str]:
