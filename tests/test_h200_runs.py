@@ -32,6 +32,8 @@ CASES = [
     ("h100_level0_pass", "verl.log", 0, ("Pass", "success"), "Pass"),
     ("h100_level1_save_resume_pass", "verl-B.log", 1, ("Pass", "success"), "Pass"),
     ("h100_level3_fsdp_weight_sync", "verl.log", 3, ("Fail", "weight-sync"), "Fail"),
+    # the tool at a6dfc19, Level 4 MoE with the plan's PEFT switch (h100_level4_moe_peft_switch/README.md)
+    ("h100_level4_moe_peft_switch", "verl.log", 4, ("Pass", "success"), "Pass"),
 ]
 
 
@@ -113,3 +115,16 @@ def test_a_log_cut_while_the_rollout_engine_warmed_up_is_no_pass_and_says_where_
     assert "still running" in v.hint and v.level_result == "Fail"
     shown = {c["name"]: c["status"] for c in v.to_json()["criteria"]}
     assert shown["exit code 0"] == "not shown" and shown["expected steps completed"] == "Fail"
+
+
+def test_the_plans_peft_switch_reached_the_actors_expert_lora():
+    """Level 4 MoE on one H100, with (B) and without (A, cut off after model build) the override `invoke plan`
+    proposes for a PEFT option that acts only on MoE experts' LoRA: every PEFT block is read, in verl's build order
+    (critic, then actor), and only the actor's shrinks: its experts' LoRA rank went from 4 to 4 // top-k."""
+    run = RUNS / "h100_level4_moe_peft_switch"
+    with_switch = judge_log(run / "verl.log")
+    without = judge_log(run / "verl-A-cut-off.log")
+    assert [b["adapter"] for b in without.adapters] == [17408, 17408]
+    assert [b["adapter"] for b in with_switch.adapters] == [17408, 13824]
+    assert without.steps_completed == 0 and without.result != "Pass"  # A's PPO step is not shown
+    assert sum("Adapter parameters" in line for line in with_switch.key_lines) == 2

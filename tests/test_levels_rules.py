@@ -150,7 +150,7 @@ ADAPTER = {"total": 498431872, "adapter": 4399104, "trainable_pct": 0.8826}
 
 
 def check(step_metrics, **kw):
-    args = dict(steps_expected=20, adapter=ADAPTER, lora_enabled=True, critic_expected=True)
+    args = dict(steps_expected=20, adapters=[ADAPTER], lora_enabled=True, critic_expected=True)
     args.update(kw)
     return metrics.check_learning_signal(step_metrics, **args)
 
@@ -180,9 +180,16 @@ def test_flat_or_falling_reward_is_no_learning_signal(trend, word):
 
 
 def test_frozen_adapter_zero_grad_constant_logprobs_and_missing_peft_block_are_flagged():
-    assert [f.check for f in check(run_metrics(), adapter={"total": 5, "adapter": 0}).failed] == ["trainable adapter"]
-    assert [f.check for f in check(run_metrics(), adapter={}).failed] == ["trainable adapter"]
-    assert check(run_metrics(), adapter={}, lora_enabled=False).failed == []
+    assert [f.check for f in check(run_metrics(), adapters=[{"total": 5, "adapter": 0}]).failed] == ["trainable adapter"]
+    assert [f.check for f in check(run_metrics(), adapters=[]).failed] == ["trainable adapter"]
+    assert check(run_metrics(), adapters=[], lora_enabled=False).failed == []
+    # verl prints one PEFT block per model it builds (critic first, actor last): a frozen actor behind a
+    # trainable critic is still frozen
+    behind = check(run_metrics(), adapters=[ADAPTER, {"total": 5, "adapter": 0}]).failed
+    assert [f.check for f in behind] == ["trainable adapter"] and "PEFT block 2 of 2" in behind[0].detail
+    both = check(run_metrics(), adapters=[ADAPTER, {"adapter": 13824}]).findings
+    assert "per PEFT block (one per model verl built): 4399104 (0.8826%), 13824" in \
+        next(f.detail for f in both if f.check == "trainable adapter")
     zero = check(run_metrics(zero_grad=True)).failed
     assert [f.check for f in zero] == ["non-zero gradients"] and "actor/grad_norm=0 at steps 1, 2" in zero[0].detail
     const = check(run_metrics(const_logprob=True)).failed
@@ -199,7 +206,7 @@ def test_real_h200_level5_log_prob_check_reads_log_probs_and_kl_never_the_validi
     assert v.result == "Pass" and v.steps_completed == 6
     assert {v.step_metrics[s]["training/rollout_probs_diff_valid"] for s in range(1, 7)} == {1.0}
     assert v.step_metrics[1]["actor/kl_loss"] == 5.22647525258435e-07
-    rep = check(v.step_metrics, steps_expected=6, adapter={}, lora_enabled=False, critic_expected=False)
+    rep = check(v.step_metrics, steps_expected=6, adapters=[], lora_enabled=False, critic_expected=False)
     logprob = next(f for f in rep.findings if f.check == "changing log-probs")
     assert logprob.ok and "rollout_probs_diff_valid" not in logprob.detail, logprob.detail
     assert not metrics.log_prob_signal("training/rollout_probs_diff_valid")

@@ -31,7 +31,7 @@ def check(verdict, expect):
     if "checkpoints_saved" in expect:
         assert len(verdict.checkpoints_saved) == expect["checkpoints_saved"]
     if "adapter_total" in expect:
-        assert verdict.adapter["total"] == expect["adapter_total"]
+        assert verdict.adapters[0]["total"] == expect["adapter_total"]
     for key in ("metric", "metric2"):
         if key in expect:
             step, name, value = expect[key]

@@ -363,7 +363,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         result="Fail", category="unknown", phase=PHASES[ev.reached], steps_completed=ev.max_step,
         steps_expected=expected, vanilla_mbridge=vanilla, exit_code=ev.exit_code,
         termination=ev.termination, level=ev.level, checkpoints_saved=list(ev.checkpoints_saved),
-        resumed_from=ev.resumed_from, fresh_start=ev.fresh_start, adapter=dict(ev.adapter),
+        resumed_from=ev.resumed_from, fresh_start=ev.fresh_start, adapters=[dict(b) for b in ev.adapters],
         bridge_paths=list(ev.bridge_paths), nan_metrics=list(ev.nan_findings),
         setting_limitations=dict(ev.setting_limitations),
     )
@@ -504,11 +504,11 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
 
 def _key_lines(key_lines: dict[str, str], verdict: Verdict) -> list[str]:
     order = (
-        "vanilla", "steps_printed", "steps_override", "steps_trace", "adapter_total", "adapter_adapter",
-        "adapter_trainable_pct", "fresh_start", "resume_found", "resume", "checkpoint_save", "checkpoint_done",
+        "vanilla", "steps_printed", "steps_override", "steps_trace", "adapters", "fresh_start", "resume_found", "resume", "checkpoint_save", "checkpoint_done",
         "validation", "progress", "last_step", "final_validation", "wandb_step",
     )
-    lines = [key_lines[name] for name in order if name in key_lines]
+    adapters = [line for name, line in key_lines.items() if name.startswith("adapter_")]  # every block, in order
+    lines = [line for name in order for line in (adapters if name == "adapters" else [key_lines.get(name)]) if line]
     if verdict.first_error:
         lines.append(verdict.first_error)
     return lines

@@ -34,6 +34,8 @@ from sessions.judge.record import PHASE_INDEX
 MAX_EVENTS = 400  # error events kept after the last progress (a long error storm keeps its first ones)
 MAX_NOISE = 20
 MAX_BRIDGE_PATHS = 20
+MAX_ADAPTER_BLOCKS = 64  # PEFT blocks kept (one per model built; a log of many restarts stays bounded)
+ADAPTER_KEY_LINES = 4  # blocks whose lines are quoted among the key lines
 MAX_FRAMES = 64  # traceback frames remembered per source
 METRICS_HEAD_STEPS = 250  # step metrics kept for the first N steps ...
 METRICS_TAIL_STEPS = 250  # ... and the last N (memory stays flat on endless logs)
@@ -235,8 +237,9 @@ class Evidence:
         self.final_validation = False
         self.wandb_step: int | None = None
         self.vanilla_values: list[str] = []
-        self.adapter: dict[str, Any] = {}
-        self.adapter_header = False
+        # one dict per `PEFT Adapter Information` block, in log order: verl prints one per model it builds with
+        # PEFT (critic, then actor), so a frozen actor is not hidden behind a trainable critic
+        self.adapters: list[dict[str, Any]] = []
         self.checkpoints_saved: list[str] = []
         self.resumed_from: str | None = None
         self.resume_step: int | None = None
@@ -622,16 +625,20 @@ class Evidence:
         elif fact == "epoch_bar":  # the latest bar's epochs x its steps per epoch: the run the log ends in
             self.epoch_plan["bar"] = int(match.group(2)) * int(match.group(3))
         elif fact == "adapter_header":
-            self.adapter_header = True
-        elif fact in ("adapter_total", "adapter_count", "adapter_pct") and self.adapter_header:
+            if len(self.adapters) < MAX_ADAPTER_BLOCKS:
+                self.adapters.append({})
+        elif fact in ("adapter_total", "adapter_count", "adapter_pct") and self.adapters:
             key = {"adapter_total": "total", "adapter_count": "adapter", "adapter_pct": "trainable_pct"}[fact]
             raw = match.group(1).replace(",", "")
-            if key not in self.adapter:
+            block = self.adapters[-1]
+            if key not in block:
                 try:
-                    self.adapter[key] = float(raw) if key == "trainable_pct" else int(raw)
+                    block[key] = float(raw) if key == "trainable_pct" else int(raw)
                 except ValueError:
                     pass
-                self.key_lines[f"adapter_{key}"] = _shorten(text, 200)
+                if len(self.adapters) <= ADAPTER_KEY_LINES:
+                    n = len(self.adapters)
+                    self.key_lines[f"adapter_{key}" + (f"_{n}" if n > 1 else "")] = _shorten(text, 200)
         elif fact == "save":
             path = match.group(1).rstrip(".,;:")
             if path not in self.checkpoints_saved:

@@ -82,10 +82,10 @@ def level5(v: Verdict, trace: dict[str, str] | None) -> list[Criterion]:
     from sessions.judge import metrics
 
     trace = trace or {}
-    lora = trace.get("actor_rollout_ref.model.lora.rank", "4" if v.adapter else "0") not in ("0", "")
+    lora = trace.get("actor_rollout_ref.model.lora.rank", "4" if v.adapters else "0") not in ("0", "")
     critic = trace.get("algorithm.adv_estimator", "gae" if any(
         k.startswith("critic/vf_loss") for m in v.step_metrics.values() for k in m) else "grpo") == "gae"
-    rep = metrics.check_learning_signal(v.step_metrics, steps_expected=v.steps_expected, adapter=v.adapter,
+    rep = metrics.check_learning_signal(v.step_metrics, steps_expected=v.steps_expected, adapters=v.adapters,
                                         lora_enabled=lora, critic_expected=critic)
     failed = rep.failed
     detail = "; ".join(f"{f.check}: {f.detail}" for f in failed) if failed else \

@@ -240,7 +240,7 @@ def _expected(key: str) -> str | None:
     return EXPECTED_DIRECTION.get(key)
 
 
-def check_learning_signal(step_metrics: StepMetrics, *, steps_expected: int | None, adapter: dict,
+def check_learning_signal(step_metrics: StepMetrics, *, steps_expected: int | None, adapters: list[dict],
                           lora_enabled: bool, critic_expected: bool, baseline: StepMetrics | None = None,
                           threshold: Threshold | None = None) -> SignalReport:
     """Every level-5 check over the metrics of one run; `report.failed` lists what breaks the learning signal."""
@@ -260,16 +260,25 @@ def check_learning_signal(step_metrics: StepMetrics, *, steps_expected: int | No
 
     if not lora_enabled:
         rep.findings.append(Finding("trainable adapter", True, "PEFT off (LORA_RANK=0): adapter check not applicable"))
-    elif "adapter" not in adapter:
-        rep.findings.append(Finding("trainable adapter", False, "no `PEFT Adapter Information` block with "
-                                    "`Adapter parameters: N` in the log: trainable adapter parameters not shown",
-                                    "provider"))
-    elif int(adapter["adapter"]) <= 0:
-        rep.findings.append(Finding("trainable adapter", False, f"frozen adapters: Adapter parameters: "
-                                    f"{adapter['adapter']} (of {adapter.get('total', '?')})", "provider"))
     else:
-        pct = f" ({adapter['trainable_pct']}%)" if "trainable_pct" in adapter else ""
-        rep.findings.append(Finding("trainable adapter", True, f"{adapter['adapter']} adapter parameters{pct}"))
+        counted = [b for b in adapters if "adapter" in b]
+        frozen = [(i, b) for i, b in enumerate(counted, 1) if int(b["adapter"]) <= 0]
+        of = f" of {len(counted)}" if len(counted) > 1 else ""
+        if not counted:
+            rep.findings.append(Finding("trainable adapter", False, "no `PEFT Adapter Information` block with "
+                                        "`Adapter parameters: N` in the log: trainable adapter parameters not shown",
+                                        "provider"))
+        elif frozen:
+            i, b = frozen[0]
+            where = f" in PEFT block {i}{of}" if of else ""
+            rep.findings.append(Finding("trainable adapter", False, f"frozen adapters: Adapter parameters: "
+                                        f"{b['adapter']} (of {b.get('total', '?')}){where}", "provider"))
+        else:
+            counts = ", ".join(f"{b['adapter']}" + (f" ({b['trainable_pct']}%)" if "trainable_pct" in b else "")
+                               for b in counted)
+            detail = (f"adapter parameters per PEFT block (one per model verl built): {counts}" if of
+                      else f"{counts} adapter parameters")
+            rep.findings.append(Finding("trainable adapter", True, detail))
 
     needed = [("actor loss", ACTOR_LOSS_KEYS), ("reward", REWARD_KEYS)]
     if critic_expected:

@@ -45,7 +45,8 @@ class Verdict:
     checkpoints_saved: list[str] = field(default_factory=list)  # paths of `Saving checkpoint to .../global_step_N`
     resumed_from: str | None = None  # path the run resumed from, if it logged a resume
     fresh_start: bool = False  # logged "Training from scratch" / tracker file missing
-    adapter: dict[str, Any] = field(default_factory=dict)  # {"total": int, "adapter": int, "trainable_pct": float}
+    # one per `PEFT Adapter Information` block, in log order: {"total": int, "adapter": int, "trainable_pct": float}
+    adapters: list[dict[str, Any]] = field(default_factory=list)
     bridge_paths: list[str] = field(default_factory=list)  # megatron.bridge file paths printed in the log
     # limitations read from settings in the log (pattern needle -> text), so a caller that applied the setting
     # itself and already said why can leave the log's restatement out

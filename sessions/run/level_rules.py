@@ -361,7 +361,7 @@ def learning_signal(record: dict, judged: list[tuple[dict, Verdict]]) -> LevelOu
     threshold = metrics.parse_threshold(opts["threshold"]) if opts.get("threshold") else None
     baseline_dir = opts.get("baseline")
     baseline = _baseline_metrics(baseline_dir) if baseline_dir else None
-    rep = metrics.check_learning_signal(v.step_metrics, steps_expected=v.steps_expected, adapter=v.adapter,
+    rep = metrics.check_learning_signal(v.step_metrics, steps_expected=v.steps_expected, adapters=v.adapters,
                                         lora_enabled=lora_rank not in ("0", ""), critic_expected=critic,
                                         baseline=baseline, threshold=threshold)
     run_dir = record.get("run_dir")
