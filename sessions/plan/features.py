@@ -595,7 +595,7 @@ def _bridges_using(index: BridgeIndex, key: str) -> list[str]:
     seen, stack, out = {key}, [key], []
     while stack:
         k = stack.pop()
-        for u in users.get(k, ()):
+        for u in sorted(users.get(k, ())):  # (a set: sorted, so the families come out in one order every run)
             if u in seen or folder_of(index.units[u].file) is None:
                 continue
             seen.add(u)
