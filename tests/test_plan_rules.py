@@ -1637,3 +1637,62 @@ def test_a_provider_switch_off_by_default_is_named_without_an_override_it_cannot
     l0 = next(e for e in plan.entries if e.level == 0)
     assert l0.overrides == [] and "runs only when fused_norm=True" in l0.settings[0]
     assert "override_transformer_config" in l0.settings[0]
+
+
+def _provider_with_load_weights_branch() -> dict[str, str]:
+    # Bridge's real shape (AutoBridge.to_megatron_provider): what runs only when weights are loaded through the
+    # provider sits under `if load_weights:`
+    base = dict(BRIDGE_BASE)
+    base.update(edit(AUTO, """
+        def to_megatron_provider(self, hf_config):
+            return self._model_bridge.provider_bridge(hf_config)
+        """, """
+        def to_megatron_provider(self, hf_config, load_weights=True):
+            provider = self._model_bridge.provider_bridge(hf_config)
+            if load_weights:
+                provider.perform_initialization = False
+            return provider
+        """))
+    return base
+
+
+def _verl_calling_provider(arguments: str) -> dict[str, str]:
+    engine = textwrap.dedent(VERL_FILES["verl/workers/engine.py"]).replace(
+        "bridge.to_megatron_provider(hf_config)", f"bridge.to_megatron_provider({arguments})")
+    assert arguments in engine
+    return {**VERL_FILES, "verl/workers/engine.py": engine}
+
+
+@pytest.mark.parametrize(("arguments", "runs"), [
+    ("hf_config, load_weights=False", False),  # verl's real call: the branch never runs in verl
+    ("hf_config, False", False),  # the same, positional
+    ("hf_config", True),  # the default takes the branch
+    ("hf_config, load_weights=flag", True),  # computed: it may
+    ("hf_config, **options", True),  # spread: any parameter may be bound
+])
+def test_a_branch_verls_every_call_skips_justifies_no_level(tmp_path, arguments, runs):
+    base = _provider_with_load_weights_branch()
+    change = edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+    plan = plan_for(tmp_path, change, _verl_calling_provider(arguments), base=base)
+    assert bool(levels(plan)) == runs, levels(plan)
+    skipped = [n for n in plan.notes if "load_weights=False" in n and "run only with load_weights true" in n]
+    assert bool(skipped) != runs, plan.notes
+    assert not any("not on verl's path" in n for n in plan.notes)  # verl runs the function: it is on the path
+
+
+def test_a_bridge_caller_on_verls_path_that_passes_its_own_parameter_may_take_the_branch(tmp_path):
+    base = _provider_with_load_weights_branch()
+    base.update(edit(AUTO, "def load_hf_weights(self, model, weights):", """
+        def load_hf_weights(self, model, weights, load=True):
+            self.to_megatron_provider(None, load)""", base))
+    change = edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+    plan = plan_for(tmp_path, change, _verl_calling_provider("hf_config, load_weights=False"), base=base)
+    assert levels(plan), plan.notes  # verl's load_hf_weights reaches it with a value verl does not show
+
+
+def test_a_function_verl_hands_on_as_a_value_may_take_the_branch(tmp_path):
+    base = _provider_with_load_weights_branch()
+    change = edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+    verl = _verl_calling_provider("hf_config, load_weights=False")
+    verl["verl/workers/engine.py"] += "\n\ndef provider_factory(bridge):\n    return bridge.to_megatron_provider\n"
+    assert levels(plan_for(tmp_path, change, verl, base=base))  # called elsewhere, with arguments not shown

@@ -18,9 +18,10 @@ from sessions.plan import rules as plan_rules
 from sessions.plan import stand_in as plan_stand_in
 from sessions.plan.change import Change, _is_bridge_python
 from sessions.plan.evidence import topic_in
+from sessions.plan.index import _unit_nodes
 from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.plan.rules import Rule
-from sessions.plan.verl_surface import SurfaceError, VerlSurface, read_surface
+from sessions.plan.verl_surface import NOT_CONSTANT, SurfaceError, VerlSurface, call_site, read_surface
 
 
 def _matches(path: str, patterns: tuple[str, ...]) -> bool:
@@ -65,6 +66,7 @@ class ChangedUnit:
     only_moved: bool = False  # every changed line is an import moved here (deferred into a function): placement only
     passes_through: bool = False  # it only gains parameters and hands them on: plumbing for the code that uses them
     config_code: bool = False  # a bridge's or provider's code (what a model is configured from)
+    verl_skips: str = ""  # why verl's calls never run the changed lines (its every call passes a value that skips them)
     switches: list[dict] = field(default_factory=list)  # settings of its own object that changed lines need and
     # the defaults do not give: {"field", "value", "default", "cls", "peft"} (line_settings turns them into overrides)
 
@@ -78,8 +80,73 @@ class ChangedUnit:
                 "entries": self.entries, "export_only": self.export_only,
                 "subject": sorted(set(self.words["subject"])), "code": sorted(set(self.words["code"]))[:40],
                 "touched": self.touched, "conditions": self.conditions, "switches": self.switches,
+                "verl_skips": self.verl_skips,
                 "families": [f["family"] for f in self.served] or ["all families"],
                 "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served]}
+
+
+def _gates_of_change(ev: Evidence, lines: set[int], old_evs: list[Evidence]) -> dict[str, bool]:
+    """The parameter values every changed line needs, added (`ev`) and removed (`old_evs`) alike."""
+    sides = ([ev.param_gates] if lines else []) + [o.param_gates for o in old_evs]
+    if not sides:
+        return {}
+    return {k: v for k, v in sides[0].items() if all(side.get(k) == v for side in sides[1:])}
+
+
+def _verl_never_takes(index: BridgeIndex, unit: Unit, key: str, gates: dict[str, bool], hits: list, surface: VerlSurface) -> str:
+    """Why verl never runs the changed lines of a function it calls itself, or "": every changed line needs a
+    parameter's truth value (`if load_weights:`) and each of verl's calls of the function binds that parameter to a
+    literal of the other value (`to_megatron_provider(load_weights=False)`), or leaves a default that is one. Only
+    the calls of it in Bridge code on verl's path (`transformer_config`'s `self.to_megatron_provider(load_weights=False)`)
+    are read the same way: one that passes a computed value, or a parameter of its own, may run them."""
+    if not gates or not hits or unit.node is None:
+        return ""
+    name = unit.name.rsplit(".", 1)[-1]
+    if name in surface.uncalled:
+        return ""  # verl hands it on as a value: called where its arguments are not shown
+    sites = list(surface.calls.get(name, [])) if any(e.key == key for e, _ in hits) else []
+    on_path = {k for _, r in hits for k in r.steps} - {key}
+    for k in sorted(on_path):
+        caller = index.units.get(k)
+        if caller is None or caller.node is None:
+            continue
+        nodes = _unit_nodes(caller)
+        called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
+        for n in nodes:
+            if (n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)) != name:
+                continue
+            if id(n) not in called and isinstance(getattr(n, "ctx", None), ast.Load):
+                return ""  # handed on as a value (a callback): called where its arguments are not shown
+        sites += [call_site(n, f"{caller.file}:{n.lineno}") for n in nodes if isinstance(n, ast.Call)
+                  and id(n.func) in called and getattr(n.func, "attr", getattr(n.func, "id", None)) == name]
+    args = unit.node.args
+    positional = [x.arg for x in args.posonlyargs + args.args]
+    defaults = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True))
+    defaults.update({x.arg: d for x, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None})
+    if unit.kind == "method" and positional[:1] and positional[0] in ("self", "cls"):
+        positional = positional[1:]
+    shown = []
+    for site in sites:
+        bound = dict(zip(positional, site.args, strict=False)) | dict(site.kwargs)
+        skipped = None
+        for param, needed in gates.items():
+            if param in bound:
+                value = bound[param]
+            elif not site.spread and isinstance(defaults.get(param), ast.Constant):
+                value = defaults[param].value
+            else:
+                continue
+            if value is not NOT_CONSTANT and bool(value) != needed:
+                skipped = f"{param}={value!r}"
+                break
+        if skipped is None:
+            return ""  # this call may run them
+        shown.append(f"{skipped} at {site.where}")
+    if not shown:
+        return ""
+    needs = ", ".join(f"{p} {'true' if v else 'false'}" for p, v in gates.items())
+    return f"every call of {unit.name} on verl's path passes a value that skips the changed lines " \
+           f"({'; '.join(shown)}): they run only with {needs}"
 
 
 def _switches_off_by_default(index: BridgeIndex, cls: Unit, provider: bool,
@@ -511,5 +578,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             cu.nearest = [e.label for e, r in hits if _direction(e.label) and len(r.path(key)) == closest]
             if hits:  # the shortest path from one of verl's entry points
                 cu.path = min((r.path(key) for _, r in hits), key=len)
+            cu.verl_skips = _verl_never_takes(index, unit, key, _gates_of_change(ev, lines, old_evs), hits, surface)
+            if cu.verl_skips:
+                cu.tier = "none"  # verl runs the function, never the changed lines
         units[key] = cu
     return Analysis(surface, sorted(units.values(), key=lambda u: (u.file, u.key)), modules)

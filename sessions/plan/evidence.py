@@ -120,6 +120,8 @@ class Evidence:
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
     switches: list[tuple[str, bool]] = field(default_factory=list)  # `self.X` tests that decide whether changed
     # lines run, with the value they need (`if not self.normalize_moe_lora: return` before them: X=True)
+    param_gates: dict[str, bool] = field(default_factory=dict)  # the function's parameters every changed line needs
+    # a truth value of (`if load_weights:` around them all: load_weights=True); empty: none decides them all
 
 
 # A condition about experts (`if self.is_expert:`, `if moe_layer:`): the lines under it serve the MoE path.
@@ -257,7 +259,46 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
         _conditions(ev, own, lines, skip)
         ev.bound_reads = _bound_reads(own, lines, skip)
     ev.switches = _switches(own, lines)
+    if unit.kind in ("function", "method"):
+        ev.param_gates = _param_gates(node, own, lines)
     return ev
+
+
+def _tested_values(test: ast.AST, truth: bool, names: set[str]) -> list[tuple[str, bool]]:
+    """The values of bare names (`names`) that make `test` come out `truth`, where the test alone decides them
+    (`_self_values` for a function's parameters: `if load_weights:`, `if not x or y: return`)."""
+    if isinstance(test, ast.Name) and test.id in names:
+        return [(test.id, truth)]
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _tested_values(test.operand, not truth, names)
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) == truth:
+        return [v for operand in test.values for v in _tested_values(operand, truth, names)]
+    return []
+
+
+def _param_gates(node: ast.AST, own: list[ast.AST], lines: set[int]) -> dict[str, bool]:
+    """The parameters of the function `node` that every changed line needs one truth value of: the tests of the
+    `if`s around the line (body or else) and of the early exits before it, on a parameter the body never rebinds."""
+    a = node.args
+    params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+    bound = [t for n in own if isinstance(n, ast.Assign) for t in n.targets] + [
+        n.target for n in own if isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr))]
+    params -= {x.id for t in bound for x in ast.walk(t) if isinstance(x, ast.Name)}
+    gates: dict[str, bool] | None = None
+    for line in sorted(lines):
+        need: dict[str, bool] = {}
+        for n in own:
+            if isinstance(n, ast.If):
+                if any(line in _span(b) for b in n.body):
+                    need.update(_tested_values(n.test, True, params))
+                elif any(line in _span(b) for b in n.orelse):
+                    need.update(_tested_values(n.test, False, params))
+        for s in _exits_before(own, {line}):
+            need.update(_tested_values(s.test, False, params))
+        gates = need if gates is None else {k: v for k, v in gates.items() if need.get(k) == v}
+        if not gates:
+            return {}
+    return gates or {}
 
 
 def _self_values(test: ast.AST, truth: bool) -> list[tuple[str, bool]]:

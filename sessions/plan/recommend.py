@@ -505,8 +505,12 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
                  and f.path not in {u.file for u in units if u.tier == "none"}]
     notes = []
     reached_files = {u.file for u in units if u.tier != "none"}
-    outside = sorted({u.file for u in units if u.tier == "none"} - reached_files)  # never on and off at once
+    outside = sorted({u.file for u in units if u.tier == "none" and not u.verl_skips} - reached_files)  # never on and off at once
     tests = plan_bridge_tests.own_tests(change)
+    skipped = [u for u in units if u.verl_skips and u.file not in reached_files]
+    for u in skipped:  # verl runs the function, not the changed lines: no level would run them either
+        notes.append(f"{u.name} ({u.file}): {u.verl_skips} — they justify no verl level. "
+                     f"{plan_bridge_tests.hint(plan_bridge_tests.own_tests(change, [u.file]))}")
     if outside:
         notes.append("not on verl's path (verl never imports these; Bridge's own training loop, recipes or "
                      f"scripts): {', '.join(outside)} — they justify no verl level. "

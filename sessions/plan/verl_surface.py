@@ -48,11 +48,29 @@ class SurfaceName:
         return f"{self.module}.{self.name}" if self.name else self.module
 
 
+NOT_CONSTANT = object()  # an argument verl computes (its value is not in the code)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One verl call by name (`bridge.to_megatron_provider(load_weights=False)`): the literal value of each argument,
+    NOT_CONSTANT where verl computes it; `spread` when it passes `*args` / `**kwargs` (any parameter may be bound)."""
+
+    where: str
+    args: tuple
+    kwargs: tuple[tuple[str, object], ...]
+    spread: bool
+
+
 @dataclass
 class VerlSurface:
     repo: str
     imports: list[SurfaceName] = field(default_factory=list)
     attributes: dict[str, str] = field(default_factory=dict)  # attribute name → first verl file:line using it
+    calls: dict[str, list[CallSite]] = field(default_factory=dict)  # attribute name → every verl call of it
+    # attribute names verl also uses as values (`fn = bridge.to_megatron_provider`, a callback): called elsewhere
+    # with arguments `calls` does not show
+    uncalled: dict[str, str] = field(default_factory=dict)
 
     def modules(self) -> set[str]:
         return {s.module for s in self.imports}
@@ -192,6 +210,8 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
         raise SurfaceError(f"verl checkout {root} does not exist")
     surface = VerlSurface(str(root))
     attrs: dict[str, dict[str, str]] = {}  # file → attribute → file:line
+    calls: dict[str, dict[str, list[CallSite]]] = {}  # file → attribute → its calls there
+    uncalled: dict[str, dict[str, str]] = {}  # file → attribute used as a value → file:line
     imports: dict[str, set[str]] = {}  # file → verl modules it imports
     named: dict[str, set[str]] = {}  # module → the verl modules it imports or names (for _job_files)
     module_file: dict[str, str] = {}
@@ -207,6 +227,9 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
         nodes = list(ast.walk(tree))  # walked once, read by each pass below
         named[module] = _verl_modules_named(nodes, module, rel.endswith("__init__.py"))
         mine: dict[str, str] = {}
+        sites: dict[str, list[CallSite]] = {}
+        values: dict[str, str] = {}
+        called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
         used: set[str] = set()
         vanilla = _vanilla_only(nodes)
         foreign = _foreign_names(nodes)
@@ -231,11 +254,18 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
             elif isinstance(node, ast.Attribute):
                 if _root_name(node) not in foreign:
                     mine.setdefault(node.attr, f"{rel}:{node.lineno}")
+                    if id(node) not in called and isinstance(node.ctx, ast.Load):
+                        values.setdefault(node.attr, f"{rel}:{node.lineno}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and _root_name(node.func) not in foreign:
+                sites.setdefault(node.func.attr, []).append(call_site(node, f"{rel}:{node.lineno}"))
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
                   and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                   and isinstance(node.args[1].value, str)):
                 mine.setdefault(node.args[1].value, f"{rel}:{node.lineno}")
         attrs[rel] = mine
+        calls[rel] = sites
+        uncalled[rel] = values
         imports[rel] = used
     job = _job_files(root, named, module_file)
     if job is not None:  # files the RL job never loads are another program's
@@ -263,4 +293,18 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
     for rel in sorted(aware):
         for name, where in attrs[rel].items():
             surface.attributes.setdefault(name, where)
+        for name, sites in calls[rel].items():
+            surface.calls.setdefault(name, []).extend(sites)
+        for name, where in uncalled[rel].items():
+            surface.uncalled.setdefault(name, where)
     return surface
+
+
+def _literal(node: ast.AST) -> object:
+    return node.value if isinstance(node, ast.Constant) else NOT_CONSTANT
+
+
+def call_site(node: ast.Call, where: str) -> CallSite:
+    spread = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
+    return CallSite(where, tuple(_literal(a) for a in node.args),
+                    tuple((k.arg, _literal(k.value)) for k in node.keywords if k.arg), spread)
