@@ -93,17 +93,20 @@ def _gates_of_change(ev: Evidence, lines: set[int], old_evs: list[Evidence]) -> 
     return {k: v for k, v in sides[0].items() if all(side.get(k) == v for side in sides[1:])}
 
 
-def _verl_never_takes(index: BridgeIndex, unit: Unit, key: str, gates: dict[str, bool], hits: list, surface: VerlSurface) -> str:
-    """Why verl never runs the changed lines of a function it calls itself, or "": every changed line needs a
-    parameter's truth value (`if load_weights:`) and each of verl's calls of the function binds that parameter to a
-    literal of the other value (`to_megatron_provider(load_weights=False)`), or leaves a default that is one. Only
-    the calls of it in Bridge code on verl's path (`transformer_config`'s `self.to_megatron_provider(load_weights=False)`)
-    are read the same way: one that passes a computed value, or a parameter of its own, may run them."""
+def _verl_never_takes(index: BridgeIndex, unit: Unit, key: str, gates: dict[str, bool], hits: list,
+                      surface: VerlSurface) -> str:
+    """Why verl never runs the changed lines of a function it calls, or "": every changed line needs a parameter's
+    truth value (`if load_weights:`) and every call of the function on verl's path binds that parameter to a
+    literal of the other value, or leaves a default that is one: verl's own calls
+    (`to_megatron_provider(load_weights=False)`) and those in the Bridge code verl reaches
+    (`transformer_config`'s `self.to_megatron_provider(load_weights=False)`). A call that passes a computed value,
+    `**kwargs` or a parameter of its own may run them; so may the function handed on as a value, and a method that
+    runs under another name (`__init__` through its class, `forward` through the module's call)."""
     if not gates or not hits or unit.node is None:
         return ""
     name = unit.name.rsplit(".", 1)[-1]
-    if name in surface.uncalled:
-        return ""  # verl hands it on as a value: called where its arguments are not shown
+    if name.startswith("__") or name == "forward" or name in surface.uncalled:
+        return ""  # called under another name, or handed on as a value: where its arguments are not shown
     sites = list(surface.calls.get(name, [])) if any(e.key == key for e, _ in hits) else []
     on_path = {k for _, r in hits for k in r.steps} - {key}
     for k in sorted(on_path):

@@ -505,7 +505,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
                  and f.path not in {u.file for u in units if u.tier == "none"}]
     notes = []
     reached_files = {u.file for u in units if u.tier != "none"}
-    outside = sorted({u.file for u in units if u.tier == "none" and not u.verl_skips} - reached_files)  # never on and off at once
+    # never on and off at once; a function verl runs whose changed lines it never takes is on its path: noted apart
+    outside = sorted({u.file for u in units if u.tier == "none" and not u.verl_skips} - reached_files)
     tests = plan_bridge_tests.own_tests(change)
     skipped = [u for u in units if u.verl_skips and u.file not in reached_files]
     for u in skipped:  # verl runs the function, not the changed lines: no level would run them either
