@@ -180,7 +180,8 @@ def test_flat_or_falling_reward_is_no_learning_signal(trend, word):
 
 
 def test_frozen_adapter_zero_grad_constant_logprobs_and_missing_peft_block_are_flagged():
-    assert [f.check for f in check(run_metrics(), adapters=[{"total": 5, "adapter": 0}]).failed] == ["trainable adapter"]
+    frozen = check(run_metrics(), adapters=[{"total": 5, "adapter": 0}]).failed
+    assert [f.check for f in frozen] == ["trainable adapter"]
     assert [f.check for f in check(run_metrics(), adapters=[]).failed] == ["trainable adapter"]
     assert check(run_metrics(), adapters=[], lora_enabled=False).failed == []
     # verl prints one PEFT block per model it builds (critic first, actor last): a frozen actor behind a

@@ -1656,6 +1656,11 @@ def _provider_with_load_weights_branch() -> dict[str, str]:
     return base
 
 
+def _initialization_kept(base: dict[str, str]) -> dict[str, str]:
+    # e7d349a35's edit: the one line under `if load_weights:`
+    return edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+
+
 def _verl_calling_provider(arguments: str) -> dict[str, str]:
     engine = textwrap.dedent(VERL_FILES["verl/workers/engine.py"]).replace(
         "bridge.to_megatron_provider(hf_config)", f"bridge.to_megatron_provider({arguments})")
@@ -1672,7 +1677,7 @@ def _verl_calling_provider(arguments: str) -> dict[str, str]:
 ])
 def test_a_branch_verls_every_call_skips_justifies_no_level(tmp_path, arguments, runs):
     base = _provider_with_load_weights_branch()
-    change = edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+    change = _initialization_kept(base)
     plan = plan_for(tmp_path, change, _verl_calling_provider(arguments), base=base)
     assert bool(levels(plan)) == runs, levels(plan)
     skipped = [n for n in plan.notes if "load_weights=False" in n and "run only with load_weights true" in n]
@@ -1685,14 +1690,14 @@ def test_a_bridge_caller_on_verls_path_that_passes_its_own_parameter_may_take_th
     base.update(edit(AUTO, "def load_hf_weights(self, model, weights):", """
         def load_hf_weights(self, model, weights, load=True):
             self.to_megatron_provider(None, load)""", base))
-    change = edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+    change = _initialization_kept(base)
     plan = plan_for(tmp_path, change, _verl_calling_provider("hf_config, load_weights=False"), base=base)
     assert levels(plan), plan.notes  # verl's load_hf_weights reaches it with a value verl does not show
 
 
 def test_a_function_verl_hands_on_as_a_value_may_take_the_branch(tmp_path):
     base = _provider_with_load_weights_branch()
-    change = edit(AUTO, "provider.perform_initialization = False", "provider.perform_initialization = True", base)
+    change = _initialization_kept(base)
     verl = _verl_calling_provider("hf_config, load_weights=False")
     verl["verl/workers/engine.py"] += "\n\ndef provider_factory(bridge):\n    return bridge.to_megatron_provider\n"
     assert levels(plan_for(tmp_path, change, verl, base=base))  # called elsewhere, with arguments not shown

@@ -505,7 +505,8 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
 def _key_lines(key_lines: dict[str, str], verdict: Verdict) -> list[str]:
     order = (
         "vanilla", "steps_printed", "steps_override", "steps_trace", "adapters", "fresh_start", "resume_found",
-        "resume", "checkpoint_save", "checkpoint_done", "validation", "progress", "last_step", "final_validation", "wandb_step",
+        "resume", "checkpoint_save", "checkpoint_done", "validation", "progress", "last_step", "final_validation",
+        "wandb_step",
     )
     adapters = [line for name, line in key_lines.items() if name.startswith("adapter_")]  # every block, in order
     lines = [line for name in order for line in (adapters if name == "adapters" else [key_lines.get(name)]) if line]

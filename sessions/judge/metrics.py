@@ -263,20 +263,20 @@ def check_learning_signal(step_metrics: StepMetrics, *, steps_expected: int | No
     else:
         counted = [b for b in adapters if "adapter" in b]
         frozen = [(i, b) for i, b in enumerate(counted, 1) if int(b["adapter"]) <= 0]
-        of = f" of {len(counted)}" if len(counted) > 1 else ""
+        several = len(counted) > 1
         if not counted:
             rep.findings.append(Finding("trainable adapter", False, "no `PEFT Adapter Information` block with "
                                         "`Adapter parameters: N` in the log: trainable adapter parameters not shown",
                                         "provider"))
         elif frozen:
             i, b = frozen[0]
-            where = f" in PEFT block {i}{of}" if of else ""
+            where = f" in PEFT block {i} of {len(counted)}" if several else ""
             rep.findings.append(Finding("trainable adapter", False, f"frozen adapters: Adapter parameters: "
                                         f"{b['adapter']} (of {b.get('total', '?')}){where}", "provider"))
         else:
             counts = ", ".join(f"{b['adapter']}" + (f" ({b['trainable_pct']}%)" if "trainable_pct" in b else "")
                                for b in counted)
-            detail = (f"adapter parameters per PEFT block (one per model verl built): {counts}" if of
+            detail = (f"adapter parameters per PEFT block (one per model verl built): {counts}" if several
                       else f"{counts} adapter parameters")
             rep.findings.append(Finding("trainable adapter", True, detail))
 

@@ -21,7 +21,7 @@ from sessions.plan.evidence import topic_in
 from sessions.plan.index import _unit_nodes
 from sessions.plan.reach import BridgeIndex, Evidence, Reach, Unit
 from sessions.plan.rules import Rule
-from sessions.plan.verl_surface import NOT_CONSTANT, SurfaceError, VerlSurface, call_site, read_surface
+from sessions.plan.verl_surface import NOT_CONSTANT, SurfaceError, VerlSurface, calls_by_name, read_surface
 
 
 def _matches(path: str, patterns: tuple[str, ...]) -> bool:
@@ -113,15 +113,10 @@ def _verl_never_takes(index: BridgeIndex, unit: Unit, key: str, gates: dict[str,
         caller = index.units.get(k)
         if caller is None or caller.node is None:
             continue
-        nodes = _unit_nodes(caller)
-        called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
-        for n in nodes:
-            if (n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", None)) != name:
-                continue
-            if id(n) not in called and isinstance(getattr(n, "ctx", None), ast.Load):
-                return ""  # handed on as a value (a callback): called where its arguments are not shown
-        sites += [call_site(n, f"{caller.file}:{n.lineno}") for n in nodes if isinstance(n, ast.Call)
-                  and id(n.func) in called and getattr(n.func, "attr", getattr(n.func, "id", None)) == name]
+        its_calls, its_values = calls_by_name(_unit_nodes(caller), caller.file, bare_names=True)
+        if name in its_values:
+            return ""  # handed on as a value (a callback): called where its arguments are not shown
+        sites += its_calls.get(name, [])
     args = unit.node.args
     positional = [x.arg for x in args.posonlyargs + args.args]
     defaults = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True))

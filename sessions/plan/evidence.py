@@ -264,68 +264,63 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
     return ev
 
 
-def _tested_values(test: ast.AST, truth: bool, names: set[str]) -> list[tuple[str, bool]]:
-    """The values of bare names (`names`) that make `test` come out `truth`, where the test alone decides them
-    (`_self_values` for a function's parameters: `if load_weights:`, `if not x or y: return`)."""
-    if isinstance(test, ast.Name) and test.id in names:
-        return [(test.id, truth)]
+def _tested(test: ast.AST, truth: bool, leaf) -> list[tuple[str, bool]]:
+    """The values of the names `leaf` reads off a test's operands (`self.a`, a parameter `x`) that make `test` come
+    out `truth`, where the test alone decides them (`not self.a or x` false needs a=True; `self.a and x` true needs
+    a=True; `self.a or x` true needs nothing certain)."""
+    name = leaf(test)
+    if name is not None:
+        return [(name, truth)]
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _tested_values(test.operand, not truth, names)
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) == truth:
-        return [v for operand in test.values for v in _tested_values(operand, truth, names)]
+        return _tested(test.operand, not truth, leaf)
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) == truth:  # every operand has that value
+        return [v for operand in test.values for v in _tested(operand, truth, leaf)]
     return []
 
 
+def _self_attr(n: ast.AST) -> str | None:
+    return n.attr if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self" else None
+
+
+def _tests_deciding(own: list[ast.AST], lines: set[int]):
+    """(test, the value it needs) for each test that decides whether a changed line runs: the `if`s around it
+    (body: true, else: false) and the early exits before it (false)."""
+    for n in own:
+        if isinstance(n, ast.If):
+            if any(set(_span(b)) & lines for b in n.body):
+                yield n.test, True
+            if any(set(_span(b)) & lines for b in n.orelse):
+                yield n.test, False
+    for s in _exits_before(own, lines):
+        yield s.test, False
+
+
 def _param_gates(node: ast.AST, own: list[ast.AST], lines: set[int]) -> dict[str, bool]:
-    """The parameters of the function `node` that every changed line needs one truth value of: the tests of the
-    `if`s around the line (body or else) and of the early exits before it, on a parameter the body never rebinds."""
+    """The parameters of the function `node` that every changed line needs one truth value of (`_tests_deciding`),
+    on a parameter the body never rebinds."""
     a = node.args
     params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
     bound = [t for n in own if isinstance(n, ast.Assign) for t in n.targets] + [
         n.target for n in own if isinstance(n, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr))]
     params -= {x.id for t in bound for x in ast.walk(t) if isinstance(x, ast.Name)}
+
+    def param(n: ast.AST) -> str | None:
+        return n.id if isinstance(n, ast.Name) and n.id in params else None
+
     gates: dict[str, bool] | None = None
     for line in sorted(lines):
-        need: dict[str, bool] = {}
-        for n in own:
-            if isinstance(n, ast.If):
-                if any(line in _span(b) for b in n.body):
-                    need.update(_tested_values(n.test, True, params))
-                elif any(line in _span(b) for b in n.orelse):
-                    need.update(_tested_values(n.test, False, params))
-        for s in _exits_before(own, {line}):
-            need.update(_tested_values(s.test, False, params))
+        need = dict(v for test, truth in _tests_deciding(own, {line}) for v in _tested(test, truth, param))
         gates = need if gates is None else {k: v for k, v in gates.items() if need.get(k) == v}
         if not gates:
             return {}
     return gates or {}
 
 
-def _self_values(test: ast.AST, truth: bool) -> list[tuple[str, bool]]:
-    """The `self.X` values that make `test` come out `truth`, where the test alone decides them (`not self.a or x`
-    false needs a=True; `self.a and x` true needs a=True; `self.a or x` true needs nothing certain)."""
-    if isinstance(test, ast.Attribute) and isinstance(test.value, ast.Name) and test.value.id == "self":
-        return [(test.attr, truth)]
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _self_values(test.operand, not truth)
-    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) == truth:  # every operand has that value
-        return [v for operand in test.values for v in _self_values(operand, truth)]
-    return []
-
-
 def _switches(own: list[ast.AST], lines: set[int]) -> list[tuple[str, bool]]:
-    """The object's own settings a changed line needs to run: the `self.X` tests of the `if`s around it (body or
-    else) and of the early exits before it (`if not self.normalize_moe_lora or not is_expert: return self.dim`)."""
-    out: list[tuple[str, bool]] = []
-    for n in own:
-        if isinstance(n, ast.If):
-            if any(set(_span(b)) & lines for b in n.body):
-                out += _self_values(n.test, True)
-            if any(set(_span(b)) & lines for b in n.orelse):
-                out += _self_values(n.test, False)
-    for s in _exits_before(own, lines):
-        out += _self_values(s.test, False)
-    return list(dict.fromkeys(out))
+    """The object's own settings a changed line needs to run: the `self.X` tests that decide it (`_tests_deciding`:
+    `if not self.normalize_moe_lora or not is_expert: return self.dim` before it)."""
+    return list(dict.fromkeys(v for test, truth in _tests_deciding(own, lines)
+                              for v in _tested(test, truth, _self_attr)))
 
 
 def _bound_reads(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:

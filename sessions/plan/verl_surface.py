@@ -227,12 +227,11 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
         nodes = list(ast.walk(tree))  # walked once, read by each pass below
         named[module] = _verl_modules_named(nodes, module, rel.endswith("__init__.py"))
         mine: dict[str, str] = {}
-        sites: dict[str, list[CallSite]] = {}
-        values: dict[str, str] = {}
-        called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
         used: set[str] = set()
         vanilla = _vanilla_only(nodes)
         foreign = _foreign_names(nodes)
+        calls[rel], uncalled[rel] = calls_by_name([n for n in nodes if id(n) not in vanilla], rel,
+                                                  counts=lambda n, foreign=foreign: _root_name(n) not in foreign)
         for node in nodes:
             if id(node) in vanilla:
                 continue
@@ -254,18 +253,11 @@ def read_surface(verl_repo: Path | str) -> VerlSurface:
             elif isinstance(node, ast.Attribute):
                 if _root_name(node) not in foreign:
                     mine.setdefault(node.attr, f"{rel}:{node.lineno}")
-                    if id(node) not in called and isinstance(node.ctx, ast.Load):
-                        values.setdefault(node.attr, f"{rel}:{node.lineno}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and _root_name(node.func) not in foreign:
-                sites.setdefault(node.func.attr, []).append(call_site(node, f"{rel}:{node.lineno}"))
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
                   and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
                   and isinstance(node.args[1].value, str)):
                 mine.setdefault(node.args[1].value, f"{rel}:{node.lineno}")
         attrs[rel] = mine
-        calls[rel] = sites
-        uncalled[rel] = values
         imports[rel] = used
     job = _job_files(root, named, module_file)
     if job is not None:  # files the RL job never loads are another program's
@@ -308,3 +300,29 @@ def call_site(node: ast.Call, where: str) -> CallSite:
     spread = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
     return CallSite(where, tuple(_literal(a) for a in node.args),
                     tuple((k.arg, _literal(k.value)) for k in node.keywords if k.arg), spread)
+
+
+def _name_of(node: ast.AST, bare_names: bool) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if bare_names and isinstance(node, ast.Name) else None
+
+
+def calls_by_name(nodes: list[ast.AST], file: str, counts=lambda node: True, bare_names: bool = False
+                  ) -> tuple[dict[str, list[CallSite]], dict[str, str]]:
+    """Of one scope's nodes (walked): every call by the name it calls (`x.name(...)`; `name(...)` too with
+    `bare_names`), and the names used as values instead (`fn = x.name`, a callback: called elsewhere, with
+    arguments these calls do not show) -> the first file:line. `counts(node)` says whether a name node counts
+    (verl: not an attribute of another library's module)."""
+    called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
+    sites: dict[str, list[CallSite]] = {}
+    values: dict[str, str] = {}
+    for n in nodes:
+        if isinstance(n, ast.Call):
+            name = _name_of(n.func, bare_names)
+            if name and counts(n.func):
+                sites.setdefault(name, []).append(call_site(n, f"{file}:{n.lineno}"))
+        elif (name := _name_of(n, bare_names)) and id(n) not in called and isinstance(n.ctx, ast.Load) \
+                and counts(n):
+            values.setdefault(name, f"{file}:{n.lineno}")
+    return sites, values
