@@ -6,13 +6,19 @@ planner read diff text, file names or words instead of what verl reaches and wha
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from sessions.plan.planner import analyse, read_change, recommend
 from sessions.plan.render import render_text
 from tests.plan_fixtures import BRIDGE_BASE, VERL_FILES, B, bridge_history, edit, verl_checkout
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def plan_for(tmp_path, change, verl_files=None, base=None):
@@ -1701,3 +1707,39 @@ def test_a_function_verl_hands_on_as_a_value_may_take_the_branch(tmp_path):
     verl = _verl_calling_provider("hf_config, load_weights=False")
     verl["verl/workers/engine.py"] += "\n\ndef provider_factory(bridge):\n    return bridge.to_megatron_provider\n"
     assert levels(plan_for(tmp_path, change, verl, base=base))  # called elsewhere, with arguments not shown
+
+
+_PLAN_IN_A_CHILD = """
+import json, sys
+from sessions.plan.planner import analyse, read_change, recommend
+change = read_change(sys.argv[1], "main")
+print(json.dumps(recommend(change, analyse(change, sys.argv[2])).to_json(), sort_keys=True))
+"""
+
+
+def test_a_plan_comes_out_the_same_under_every_hash_seed(tmp_path):
+    # family code several bridges use: the families that reach it come from sets, whose order follows the
+    # interpreter's string hash; the plan (text and JSON) must not
+    base = dict(BRIDGE_BASE)
+    base[B + "models/qwen/rope.py"] = "def rope_scale(hf_config):\n    return hf_config.rope_theta\n"
+    base[B + "models/__init__.py"] += "from megatron.bridge.models.llama.llama_bridge import LlamaBridge\n"
+    base[B + "models/llama/__init__.py"] = ""
+    base[B + "models/llama/llama_bridge.py"] = base[QWEN].replace("Qwen3", "Llama")
+    for rel in (QWEN, OLMOE, B + "models/llama/llama_bridge.py"):
+        base.update(edit(rel, "return provider", """
+            from megatron.bridge.models.qwen.rope import rope_scale
+
+            provider.rotary_base = rope_scale(hf_config)
+            return provider""", base))
+    bridge = bridge_history(tmp_path, {B + "models/qwen/rope.py": "def rope_scale(hf_config):\n"
+                                                                  "    return hf_config.rope_theta * 2\n"}, base)
+    verl = verl_checkout(tmp_path)
+    outputs = set()
+    for seed in ("0", "1", "2", "3", "4", "5"):
+        proc = subprocess.run([sys.executable, "-c", _PLAN_IN_A_CHILD, str(bridge), str(verl)], capture_output=True,
+                              text=True, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outputs.add(proc.stdout)
+    assert len(outputs) == 1, "the plan depends on the hash seed"
+    text = outputs.pop()
+    assert all(name in text for name in ("Qwen3Bridge", "OlmoeBridge", "LlamaBridge")), text  # all three reach it
