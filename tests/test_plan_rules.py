@@ -1743,3 +1743,65 @@ def test_a_plan_comes_out_the_same_under_every_hash_seed(tmp_path):
     assert len(outputs) == 1, "the plan depends on the hash seed"
     text = outputs.pop()
     assert all(name in text for name in ("Qwen3Bridge", "OlmoeBridge", "LlamaBridge")), text  # all three reach it
+
+
+def test_a_default_in_the_body_of_a_base_of_a_provider_verl_builds_is_a_provider_change(tmp_path):
+    # Bridge 6ef001d6b: MambaProvider's dataclass default changed, and verl builds its subclass
+    # NemotronHModelProvider; a base class nobody constructs itself still gives every instance of its subclass
+    # the values its body sets
+    base = dict(BRIDGE_BASE)
+    base.update(edit(GPT, "class GPTModelProvider:", "class ProviderDefaults:\n    seq_length = 2048\n\n\n"
+                                                     "class GPTModelProvider(ProviderDefaults):", base))
+    change = edit(GPT, "seq_length = 2048", "seq_length = 4096", base)
+    assert levels(plan_for(tmp_path, change, base=base)) == ["L0"]
+
+
+def test_a_default_in_the_body_of_a_class_only_imported_justifies_no_level(tmp_path):
+    # the same base, used by no class verl builds: its module is imported, its body's values reach no instance
+    base = dict(BRIDGE_BASE)
+    base[GPT] = base[GPT] + "\n\nclass UnusedDefaults:\n    seq_length = 2048\n"
+    change = edit(GPT, "seq_length = 2048", "seq_length = 4096", base)
+    assert levels(plan_for(tmp_path, change, base=base)) == []
+
+
+def _hybrid_family_in_a_shared_folder(with_bridge: bool) -> dict[str, str]:
+    # models/mamba is shared model code (the Mamba base provider); before NemotronH moved to models/nemotronh
+    # (Bridge 6ef001d6b) its bridge sat beside that provider
+    base = dict(BRIDGE_BASE)
+    base[B + "models/mamba/__init__.py"] = ""
+    base[B + "models/mamba/mamba_provider.py"] = textwrap.dedent("""
+        from megatron.bridge.models.gpt_provider import GPTModelProvider
+
+
+        class MambaProvider(GPTModelProvider):
+            mamba_num_heads = 8
+        """)
+    base[B + "models/mamba/nemotron_h_provider.py"] = textwrap.dedent("""
+        from megatron.bridge.models.mamba.mamba_provider import MambaProvider
+
+
+        class NemotronHModelProvider(MambaProvider):
+            hybrid_override_pattern = "M-M-"
+        """)
+    bridge_at = B + ("models/mamba/" if with_bridge else "models/nemotronh/") + "nemotron_h_bridge.py"
+    base[bridge_at] = base[QWEN].replace("Qwen3ForCausalLM", "NemotronHForCausalLM").replace(
+        "Qwen3Bridge", "NemotronHBridge").replace("provider = GPTModelProvider()", "provider = NemotronHModelProvider()"
+    ).replace("from megatron.bridge.models.gpt_provider import GPTModelProvider",
+              "from megatron.bridge.models.mamba.nemotron_h_provider import NemotronHModelProvider")
+    if not with_bridge:
+        base[B + "models/nemotronh/__init__.py"] = ""
+    module = bridge_at[len("src/"):-len(".py")].replace("/", ".")
+    base[B + "models/__init__.py"] += f"from {module} import NemotronHBridge\n"
+    return base
+
+
+@pytest.mark.parametrize("with_bridge", [True, False])
+def test_a_base_provider_in_shared_model_code_serves_the_family_that_builds_it(tmp_path, with_bridge):
+    base = _hybrid_family_in_a_shared_folder(with_bridge)
+    change = edit(B + "models/mamba/mamba_provider.py", "mamba_num_heads = 8", "mamba_num_heads = 16", base)
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan)[0] == "L0"
+    l0 = next(e for e in plan.entries if e.key == "L0").to_json()
+    # beside a bridge, the folder is that family's; alone, a base provider is shared framework code (families
+    # derive from it, none calls it): every family verl can load through it
+    assert l0["families"] == (["NemotronHBridge"] if with_bridge else ["all families"]), l0["families"]

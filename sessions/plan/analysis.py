@@ -397,7 +397,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
         structural = plan_features.sites_in(plan_features.unit_nodes(unit), lines, unit.file)
         for w in structural.by_feature.get("custom-layer", []):
             touched.add("custom-layer", w)
-    if tier in ("calls", "api") and plan_features.folder_of(unit.file) is None:
+    if tier in ("calls", "api") and plan_features.folder_of(unit.file, index) is None:
         # shared conversion code that picks weights by a name fragment serves the weights holding it: the
         # features all of them are of (`".w1."` only in a MoE family's expert names), not the fragment's words
         for fragment in dict.fromkeys(ev.strings):
@@ -420,7 +420,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
     shared_layer = plan_features.is_shared_layer(index, unit)  # its families' layer specs build it
     key = unit.cls if unit.kind == "method" and unit.cls else unit.key
     # shared-folder code only family code uses is those families' own code (a mapping class one bridge registers)
-    users = plan_features.family_users(index, key) if plan_features.folder_of(unit.file) is None \
+    users = plan_features.family_users(index, key) if plan_features.folder_of(unit.file, index) is None \
         and not shared_layer else set()
     for fam in plan_features.families_serving(index, unit, cache):
         bridge = index.units[fam.bridge]
@@ -431,7 +431,7 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
             "layer": unit.key in fam.layer_units or (unit.kind == "function" and unit.file in fam.layer_files)
             or shared_layer or key in fam.layer_helpers,
             "layer_via": fam.layer_helpers.get(key, "").split(":", 1)[-1],  # the layer code that calls it
-            "own": fam.folder == plan_features.folder_of(unit.file) or bool(users & fam.units),
+            "own": fam.folder == plan_features.folder_of(unit.file, index) or bool(users & fam.units),
             # (else it calls into another family's code)
             "config": unit.key in fam.config_units or (unit.kind == "method" and unit.cls in fam.config_units)
             or bool(users & fam.config_units),
@@ -523,9 +523,10 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                 index, unit, lines, global_reach):
             global_reach.steps.pop(key)  # tables or constants no code verl runs reads: no verl path
         # a class statement that only runs because its module is imported is no verl call: its body's values
-        # matter once the class is used. A method of a class verl never builds (ConfigContainer) never runs, and
+        # matter once the class is used, built itself or as the base of a class that is built (its defaults are
+        # the values of its subclasses' instances: MambaProvider's under NemotronHModelProvider). A method of a class verl never builds (ConfigContainer) never runs, and
         # module code verl's imports never load never runs either.
-        imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.live
+        imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.dispatch
         if key in global_reach and not imported_only:
             tier = "calls"
         elif imported_only or unit.module not in modules:
@@ -540,7 +541,7 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                          global_reach.path(unit.module), {"subject": ev.subject, "code": ev.code, "name": ev.name,
                           "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits],
                           "requires": ev.requires + [n for old_ev in old_evs for n in old_ev.requires]}, ev.new,
-                         family=plan_features.folder_of(unit.file), strings=ev.strings, conditions=ev.conditions,
+                         family=plan_features.folder_of(unit.file, index), strings=ev.strings, conditions=ev.conditions,
                          edited=sorted(set((Counter(raw) - expert - spaced).elements())),
                          edited_expert=sorted(set((expert - spaced).elements())),
                          reporting=bool(sides) and all(e.only_logging for e in sides),

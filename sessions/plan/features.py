@@ -234,14 +234,26 @@ class FamilyModel:
         return self.sites.features()
 
 
-def folder_of(path: str) -> str | None:
+def folder_of(path: str, index: BridgeIndex | None = None) -> str | None:
+    """The model folder whose family code `path` is (None: shared code). A folder of shared model code (a base
+    provider's) that holds a registered bridge at the commit, read from `index`, is that family's folder: before a
+    family moved out, models/mamba held NemotronHBridge beside the MambaProvider it builds."""
     if not path.startswith(plan_rules.MODELS):
         return None
     rest = path[len(plan_rules.MODELS):]
     if "/" not in rest:
         return None
     folder = rest.split("/")[0]
-    return None if folder in plan_rules.GENERIC_MODEL_DIRS else folder
+    if folder not in plan_rules.GENERIC_MODEL_DIRS:
+        return folder
+    return folder if index is not None and folder in _shared_folders_with_bridges(index) else None
+
+
+def _shared_folders_with_bridges(index: BridgeIndex) -> set[str]:
+    return _per_index(index, "_shared_bridge_folders_cache", lambda ix: {
+        folder for folder in plan_rules.GENERIC_MODEL_DIRS
+        if any(is_bridge_unit(ix.units[k]) for m in _folder_modules(ix, folder)
+               if (info := ix.modules.get(m)) for k in info.units)})
 
 
 def _folder_modules(index: BridgeIndex, folder: str) -> list[str]:
@@ -386,12 +398,12 @@ def standard_layer_fields(index: BridgeIndex, cache: dict[str, list[FamilyModel]
 def _build_standard_layer_fields(index: BridgeIndex, cache: dict[str, list[FamilyModel]]) -> set[str]:
     _load_all(index)
     out: set[str] = set()
-    for folder in sorted({f for rel in index.modules.files.values() if (f := folder_of(rel))}):
+    for folder in sorted({f for rel in index.modules.files.values() if (f := folder_of(rel, index))}):
         for fam in _families(index, folder, cache):
             if "custom-layer" not in fam.builds.by_feature:
                 out |= fam.config_fields
     for u in list(index.units.values()):
-        if u.kind == "module" and u.node is not None and folder_of(u.file) is None \
+        if u.kind == "module" and u.node is not None and folder_of(u.file, index) is None \
                 and not u.file.startswith(plan_rules.PER_MODEL_DIRS):
             for n in ast.walk(u.node):
                 if isinstance(n, ast.Attribute):
@@ -445,7 +457,7 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
     """The families whose own code holds this unit (empty: the unit is shared code, or no family reaches it): the
     bridges of its folder that reach it, and bridges of other model folders whose code calls into it (Gemma 4 VL
     building Gemma 4's attention). Shared-folder code that only family code uses serves those families."""
-    folder = folder_of(unit.file)
+    folder = folder_of(unit.file, index)
     key = unit.cls if unit.kind == "method" and unit.cls else unit.key
     if folder is not None:
         return _serving_family_code(index, unit, key, cache)
@@ -454,7 +466,7 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
         # own layer specs build it
         hits = []
         for bridge in _bridges_using(index, key):
-            other = folder_of(index.units[bridge].file)
+            other = folder_of(index.units[bridge].file, index)
             hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits] if other else []
         return hits
     hits = []
@@ -467,12 +479,12 @@ def families_serving(index: BridgeIndex, unit: Unit, cache: dict[str, list[Famil
 
 def _serving_family_code(index: BridgeIndex, unit: Unit, key: str, cache: dict[str, list[FamilyModel]]
                          ) -> list[FamilyModel]:
-    folder = folder_of(unit.file)
+    folder = folder_of(unit.file, index)
     hits = [f for f in _families(index, folder, cache) if unit.key in f.units or key in f.units]
     if not hits and unit.kind == "module":
         hits = [f for f in cache[folder] if any(k.split(":", 1)[0] == unit.module for k in f.units)]
     for bridge in _bridges_using(index, key):
-        other = folder_of(index.units[bridge].file)
+        other = folder_of(index.units[bridge].file, index)
         if other and other != folder:
             hits += [f for f in _families(index, other, cache) if f.bridge == bridge and f not in hits]
     return hits
@@ -490,7 +502,7 @@ def family_users(index: BridgeIndex, key: str, seen: frozenset[str] = frozenset(
     out: set[str] = set()
     for u in users:
         user = index.units[u]
-        if folder_of(user.file) is not None:
+        if folder_of(user.file, index) is not None:
             out.add(u)
             continue
         via = family_users(index, user.cls if user.kind == "method" and user.cls else u, seen | {key})
@@ -515,7 +527,7 @@ def _build_weight_names(index: BridgeIndex) -> list[tuple[str, str, frozenset[st
     _load_all(index)
     out = set()
     for u in list(index.units.values()):
-        folder = folder_of(u.file)
+        folder = folder_of(u.file, index)
         if folder is None or u.kind != "module" or u.node is None:
             continue
         for n in ast.walk(u.node):
@@ -571,7 +583,7 @@ def _build_referrers(index: BridgeIndex) -> dict[str, set[str]]:
 
 def is_shared_layer(index: BridgeIndex, unit: Unit) -> bool:
     """A layer module (or its method) of Bridge's shared model code: Bridge's own layer behaviour, not Megatron-Core's."""
-    if not unit.file.startswith(plan_rules.MODELS) or folder_of(unit.file) is not None:
+    if not unit.file.startswith(plan_rules.MODELS) or folder_of(unit.file, index) is not None:
         return False
     return is_layer_unit(index, unit)
 
@@ -596,7 +608,7 @@ def _bridges_using(index: BridgeIndex, key: str) -> list[str]:
     while stack:
         k = stack.pop()
         for u in sorted(users.get(k, ())):  # (a set: sorted, so the families come out in one order every run)
-            if u in seen or folder_of(index.units[u].file) is None:
+            if u in seen or folder_of(index.units[u].file, index) is None:
                 continue
             seen.add(u)
             if is_bridge_unit(index.units[u]):
