@@ -524,8 +524,9 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             global_reach.steps.pop(key)  # tables or constants no code verl runs reads: no verl path
         # a class statement that only runs because its module is imported is no verl call: its body's values
         # matter once the class is used, built itself or as the base of a class that is built (its defaults are
-        # the values of its subclasses' instances: MambaProvider's under NemotronHModelProvider). A method of a class verl never builds (ConfigContainer) never runs, and
-        # module code verl's imports never load never runs either.
+        # the values of its subclasses' instances: MambaProvider's under NemotronHModelProvider). A method of a
+        # class verl never builds (ConfigContainer) never runs, and module code verl's imports never load never
+        # runs either.
         imported_only = unit.kind == "class" and key in global_reach and key not in global_reach.dispatch
         if key in global_reach and not imported_only:
             tier = "calls"
