@@ -162,3 +162,48 @@ def test_a_frame_line_a_paste_cut_before_its_file_marker_is_still_a_frame():
            "KeyError: 'problem'"]
     assert judge_lines(cut).category == "data"
     assert judge_lines(cut[1:]).category == "unknown"  # without it nothing says where
+
+
+# A checkpoint save that fails on a full disk: the save line is the only step evidence of this excerpt (verl saves
+# global_step_N after step N's update, before step N's metrics line)
+DISK_FULL = [
+    "(WorkerDict pid=20172) Saving actor checkpoint to checkpoints/demo/actor/global_step_{step}",
+    "ray.exceptions.RayTaskError(SafetensorError): ray::WorkerDict.actor_rollout_save_checkpoint() (pid=20172)",
+    "safetensors_rust.SafetensorError: Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+    'message: "No space left on device" })',
+]
+
+
+def test_an_environment_fault_after_the_steps_a_save_path_names_is_fail_with_the_hint():
+    verdict = judge_lines([line.replace("{step}", "400") for line in DISK_FULL])
+    assert (verdict.result, verdict.category, verdict.steps_completed) == ("Fail", "env-disk", 400)
+    assert "HF_HOME" in verdict.hint
+    assert "checkpoints/demo/actor/global_step_400" in verdict.checkpoints_saved
+
+
+def test_a_disk_full_before_any_step_stays_blocked():
+    verdict = judge_lines(DISK_FULL[1:])
+    assert (verdict.result, verdict.category) == ("Blocked", "env-disk")
+
+
+def test_a_missing_package_after_a_step_stays_blocked():
+    """The save path imports a dependency the environment lacks: that code never ran, as preflight would say."""
+    lines = ["Total training steps: 3", "step:1 - actor/pg_loss:0.1 - critic/score/mean:0.2",
+             "Saving checkpoint to /c/global_step_1",
+             "Traceback (most recent call last):", "ModuleNotFoundError: No module named 'pulp'"]
+    verdict = judge_lines(lines)
+    assert (verdict.result, verdict.category) == ("Blocked", "env-dependency"), verdict.first_error
+
+
+def test_a_data_column_missing_inside_fit_is_fail_not_blocked():
+    """The trainer's fit() ran (workers built, validation rollout done) before the reward read a column the data
+    lacks: the provider was exercised, so it is no Blocked; the same KeyError before fit stays Blocked."""
+    frames = ['  File "/w/verl/verl/trainer/main_ppo.py", line 217, in run',
+              '  File "/w/verl/verl/trainer/ppo/ray_trainer.py", line 910, in fit',
+              '  File "/w/verl/verl/trainer/ppo/ray_trainer.py", line 627, in _validate']
+    head = ["ray.exceptions.RayTaskError(KeyError): ray::TaskRunner.run() (pid=221840)",
+            "Traceback (most recent call last):"]
+    inside = judge_lines([*head, *frames, "KeyError: 'reward_model'"])
+    assert (inside.result, inside.category) == ("Fail", "data"), inside.category_evidence
+    before = judge_lines([*head, frames[0], "KeyError: 'reward_model'"])
+    assert (before.result, before.category) == ("Blocked", "data"), before.category_evidence

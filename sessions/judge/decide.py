@@ -61,6 +61,9 @@ HYDRA_REJECTIONS = ("hydra-override", "hydra-struct")
 # environment categories: Blocked before the provider ran, Fail (with the same hint) after training steps
 ENV_CATEGORIES = ("env-ray-import", "env-visible-devices", "env-no-gpu", "env-disk", "env-dependency", "data",
                   "reward-model", "config", "wrong-bridge")
+# a missing package or extension: the code that imports it never ran, whatever trained before (a save path's
+# modelopt dependency after step 1): what preflight calls Blocked for the same fault (SPEC), not a provider fault
+BLOCKED_AT_ANY_STEP = ("env-dependency",)
 CAUSE_CATEGORIES = ("oom", "nccl", "hang", "nan-metrics", "actor-died", "interrupted", *ENV_CATEGORIES)
 
 
@@ -247,9 +250,11 @@ def _classify(ev: Evidence, event: _ErrorEvent, events: list[_ErrorEvent],
 
 def _result(ev: Evidence, event: _ErrorEvent, result: str, category: str, phase: str,
             hint: str | None) -> tuple[str, str, str, str | None]:
-    """Blocked only before the provider was exercised: after training steps an environment fault (or an
-    interruption) fails the run; its category and the environment hint stay."""
-    if result == "Blocked" and (event.step > 0 or ev.max_step > 0):
+    """Blocked only before the provider was exercised: after training steps, or raised inside the trainer's fit()
+    (its workers built, the loop running: a validation reward reading a column the data lacks), an environment
+    fault (or an interruption) fails the run; its category and the environment hint stay."""
+    if result == "Blocked" and category not in BLOCKED_AT_ANY_STEP and (
+            event.step > 0 or ev.max_step > 0 or ev.saved_step > 0 or ev.fit_seen):
         result = "Fail"
         if category == "env-disk":
             hint = hint or H_DISK
@@ -360,7 +365,8 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     if ev.vanilla_values:
         vanilla = "True" if "True" in ev.vanilla_values else "False"
     verdict = Verdict(
-        result="Fail", category="unknown", phase=PHASES[ev.reached], steps_completed=ev.max_step,
+        # a save of global_step_N shows N steps trained where no metrics line does (a log cut to its end)
+        result="Fail", category="unknown", phase=PHASES[ev.reached], steps_completed=max(ev.max_step, ev.saved_step),
         steps_expected=expected, vanilla_mbridge=vanilla, exit_code=ev.exit_code,
         termination=ev.termination, level=ev.level, checkpoints_saved=list(ev.checkpoints_saved),
         resumed_from=ev.resumed_from, fresh_start=ev.fresh_start, adapters=[dict(b) for b in ev.adapters],

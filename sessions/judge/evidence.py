@@ -45,6 +45,7 @@ MAX_EVENT_TEXT = 4000  # an error line kept for the decision (memory stays flat 
 MAX_TRACED_COMMAND = 1 << 16  # the wrapper's traced verl command kept (its overrides: which keys a script passed)
 
 STEP_RE = re.compile(r"(?<![\w/])step:(\d+)\s+-\s+(.*)$")
+GLOBAL_STEP_RE = re.compile(r"global_step_(\d+)")
 BARE_STEP_RE = re.compile(r"^(?:epoch \d+, )?step:(\d+)\s*$")  # metrics one per line follow (multi-node paste)
 # vLLM logs a failing engine's traceback through its logger, one `ERROR MM-DD hh:mm:ss [file.py:N] ` per line: the
 # frames and the exception line behind it are read as a traceback's
@@ -241,6 +242,7 @@ class Evidence:
         # PEFT (critic, then actor), so a frozen actor is not hidden behind a trainable critic
         self.adapters: list[dict[str, Any]] = []
         self.checkpoints_saved: list[str] = []
+        self.saved_step = 0  # the highest global_step_N a save line names: verl saves after step N's update
         self.resumed_from: str | None = None
         self.resume_step: int | None = None
         self.fresh_start = False
@@ -643,6 +645,9 @@ class Evidence:
             path = match.group(1).rstrip(".,;:")
             if path not in self.checkpoints_saved:
                 self.checkpoints_saved.append(path)
+            named = GLOBAL_STEP_RE.search(path)
+            if named:
+                self.saved_step = max(self.saved_step, int(named.group(1)))
             self.key_lines["checkpoint_save"] = _shorten(text, 240)
         elif fact == "tool_exit":
             if not self.exit_code_given:  # the caller's values (a level run) win over the footer

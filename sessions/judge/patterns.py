@@ -252,8 +252,10 @@ PATTERNS: tuple[Pattern, ...] = (
        covered_by="arameters"),
     _p("adapter-pct", "Trainable percentage", r"Trainable percentage:\s*([\d.eE+-]+)\s*%", "fact",
        fact="adapter_pct", covered_by="percentage"),
-    _p("ckpt-save", "heckpoint", r"[Ss]aving checkpoint to:?\s*(\S+)", "fact", fact="save", phase="checkpoint",
-       also=("aving checkpoint",)),
+    # verl's trainer (`Saving checkpoint to`), its checkpoint managers (`Saving HF model checkpoint to`) and older
+    # workers (`Saving actor checkpoint to`): the path names the step it saves (global_step_N: N steps trained)
+    _p("ckpt-save", "heckpoint", r"[Ss]aving (?:[\w-]+ ){0,2}?checkpoint to:?\s*(\S+)", "fact", fact="save",
+       phase="checkpoint", also=("checkpoint to",)),
     _p("ckpt-saved", "heckpoint", r"Checkpoint save completed", "fact", fact="save_done", phase="checkpoint"),
     _p("resume", "Resuming from", r"Resuming from:?\s*(\S*global_step_\d+)", "fact", fact="resume",
        phase="checkpoint", covered_by="step"),
