@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sessions.plan import rules as plan_rules
 from sessions.plan.planner import analyse, read_change, recommend
 from sessions.plan.render import render_text
 from tests.plan_fixtures import BRIDGE_BASE, VERL_FILES, B, bridge_history, edit, verl_checkout
@@ -1711,6 +1712,7 @@ def test_a_function_verl_hands_on_as_a_value_may_take_the_branch(tmp_path):
 
 _PLAN_IN_A_CHILD = """
 import json, sys
+from sessions.plan import rules as plan_rules
 from sessions.plan.planner import analyse, read_change, recommend
 change = read_change(sys.argv[1], "main")
 print(json.dumps(recommend(change, analyse(change, sys.argv[2])).to_json(), sort_keys=True))
@@ -1805,3 +1807,7 @@ def test_a_base_provider_in_shared_model_code_serves_the_family_that_builds_it(t
     # beside a bridge, the folder is that family's; alone, a base provider is shared framework code (families
     # derive from it, none calls it): every family verl can load through it
     assert l0["families"] == (["NemotronHBridge"] if with_bridge else ["all families"]), l0["families"]
+    # the run takes that family's checkpoint (the family folder named as its bridge module is), not the default
+    # dense model; shared framework code takes the default one
+    nemotron_h = next(f for f in plan_rules.FAMILIES if f.folder == "nemotronh").dense
+    assert l0["model"] == (nemotron_h if with_bridge else plan_rules.GENERIC_DENSE), l0["model"]

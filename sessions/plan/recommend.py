@@ -137,13 +137,23 @@ class Plan:
 def family_for(path: str) -> Family | None:
     folder = plan_features.folder_of(path)
     if folder is None:
-        return None
+        return _family_of_bridge_file(path)
     rest = path[len(plan_rules.MODELS) + len(folder) + 1:]
     for fam in plan_rules.FAMILIES:
         if fam.folder == folder and any(rest.startswith(p) for p in fam.prefixes):
             return fam
     return Family(folder, folder, note=f"no small public checkpoint known for the family {folder!r}: use "
                   "verl's dummy-model path with a minimal config of this architecture")
+
+
+def _family_of_bridge_file(path: str) -> Family | None:
+    """A bridge module in a folder of shared model code (models/mamba/nemotron_h_bridge.py, before NemotronH had
+    its own folder): the family whose folder is named as the module is (nemotronh)."""
+    name = Path(path).stem
+    if not path.startswith(plan_rules.MODELS) or not name.endswith("_bridge"):
+        return None
+    compact = name[: -len("_bridge")].replace("_", "")
+    return next((fam for fam in plan_rules.FAMILIES if fam.folder == compact), None)
 
 
 def _architectures(path: Path) -> list[str]:
@@ -169,6 +179,8 @@ def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]
     reached = {u.file for u in units if u.tier != "none"}
     candidates = [f.path for f in change.files if f.path in reached] or [
         f.path for f in change.files if _is_bridge_python(f.path)]
+    if not any(family_for(p) for p in candidates):  # shared-folder code only some families' bridges build
+        candidates += list(dict.fromkeys(f["bridge_file"] for u in units if u.tier != "none" for f in u.served))
     for path in candidates:
         fam = family_for(path)
         if fam is not None:
