@@ -179,8 +179,11 @@ def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]
     reached = {u.file for u in units if u.tier != "none"}
     candidates = [f.path for f in change.files if f.path in reached] or [
         f.path for f in change.files if _is_bridge_python(f.path)]
-    if not any(family_for(p) for p in candidates):  # shared-folder code only some families' bridges build
-        candidates += list(dict.fromkeys(f["bridge_file"] for u in units if u.tier != "none" for f in u.served))
+    live = [u for u in units if u.tier != "none"]
+    # shared-folder code that is only some families' own (a base provider their bridges build): those families;
+    # code every family loads through keeps the representative checkpoint
+    if live and all(u.served for u in live) and not any(family_for(p) for p in candidates):
+        candidates += list(dict.fromkeys(f["bridge_file"] for u in live for f in u.served))
     for path in candidates:
         fam = family_for(path)
         if fam is not None:
