@@ -365,8 +365,7 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
     if ev.vanilla_values:
         vanilla = "True" if "True" in ev.vanilla_values else "False"
     verdict = Verdict(
-        # a save of global_step_N shows N steps trained where no metrics line does (a log cut to its end)
-        result="Fail", category="unknown", phase=PHASES[ev.reached], steps_completed=max(ev.max_step, ev.saved_step),
+        result="Fail", category="unknown", phase=PHASES[ev.reached], steps_completed=ev.max_step,
         steps_expected=expected, vanilla_mbridge=vanilla, exit_code=ev.exit_code,
         termination=ev.termination, level=ev.level, checkpoints_saved=list(ev.checkpoints_saved),
         resumed_from=ev.resumed_from, fresh_start=ev.fresh_start, adapters=[dict(b) for b in ev.adapters],
@@ -488,6 +487,10 @@ def decide(ev: Evidence, *, level_rule: bool = False, log_path: str | None = Non
         limitations.append(f"further error lines after the first {MAX_EVENTS} not kept (an error storm)")
     if result == "Blocked":
         limitations.append("Blocked: not evidence against the Bridge provider")
+    elif category in ENV_CATEGORIES and ev.saved_step > ev.max_step:  # why an environment fault is no Blocked
+        limitations.append(f"steps: no metrics line shows step {ev.saved_step}; its checkpoint save "
+                           f"(global_step_{ev.saved_step}) shows it trained: after the provider ran, an environment "
+                           "fault is a Fail")
     if ev.input_note and "not a text log" not in (first_error or ""):  # said once: here, or in the first error
         limitations.append(f"the input is not a text log ({ev.input_note} file): no verl output to judge")
     verdict.limitations = list(dict.fromkeys(limitations))
