@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions.judge.frames import frame_area, frame_category, module_path
+from sessions.judge.frames import called_area, frame_area, frame_category, module_path
 from sessions.judge.logstream import NeedleMatcher
 from sessions.judge.patterns import H_DISK
 from sessions.judge.structure import method_area
@@ -173,6 +173,13 @@ def test_frame_tables():
     assert frame_area("/x/verl/verl/workers/fsdp_workers.py", "_build_rollout") == "rollout"
     assert frame_area("/x/site-packages/vllm/worker/worker.py", "update_weights") is None  # vLLM's, not verl's
     assert method_area("WorkerDict.rm_compute_rm_score") == "reward"
+    # a sharding manager pushes the weights on __enter__; on __exit__ the engine sleeps and frees its cache
+    manager = "/x/verl/verl/workers/sharding_manager/fsdp_vllm.py"
+    assert frame_category(manager, "__enter__") == frame_category(manager) == "weight-sync"
+    assert frame_category(manager, "__exit__") == "rollout"
+    # the trainer's reward managers, called in fit() and _validate()
+    assert frame_area("/x/verl/verl/trainer/ppo/ray_trainer.py", "reward_fn") == "reward"
+    assert called_area("/x/verl/verl/trainer/ppo/ray_trainer.py", "reward_tensor = self.reward_fn(batch)") == "reward"
     assert method_area("WorkerDict.actor_rollout_update_actor") == "training"
     assert method_area("CheckpointEngineWorker.send_weights") == "weight-sync"
     assert method_area("DAPOTaskRunner.run") == "setup"

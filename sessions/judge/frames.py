@@ -72,14 +72,16 @@ MODULE_CATEGORIES = tuple((re.compile(rx), category) for rx, category in (
      r"^torch_npu/distributed/|^deep_ep/|/gloo|nccl|hccl", "nccl"),
 ))
 
+SHARDING_MANAGERS = "verl/workers/sharding_manager/"
 # (a) for frames: the function of a verl frame -> area. Only verl's own frames: `update_weights` in vLLM is vLLM's.
 FUNCTION_AREAS = tuple((re.compile(rx), area) for rx, area in (
     (r"^(?:update_weights|sync_weights|update_params|rollout_mode|sync_rollout_weights|send_weights|"
      r"receive_weights|async_send_weights|_update_weights\w*|_sync_\w*weights|update_weights_from_\w+)$",
      "weight-sync"),
     (r"^_?(?:save|load)_checkpoint$|^load_pretrained_model$", "checkpoint"),
+    # (`reward_fn` / `val_reward_fn`: the reward managers the trainer calls in fit() and _validate())
     (r"^(?:compute_rm_score|compute_reward\w*|_compute_reward\w*|compute_score\w*|load_reward_manager|"
-     r"get_custom_reward_fn)$", "reward"),
+     r"get_custom_reward_fn|reward_fn|val_reward_fn)$", "reward"),
     (r"^(?:create_rl_dataset|create_rl_sampler|_create_dataloader|_read_files_and_tokenize)$", "data"),
     (r"^(?:_?validate_config|check_mutually_exclusive|omega_conf_to_dataclass)$", "config"),
     (r"^(?:_check_resource_available|create_resource_pool|get_placement_groups)$",
@@ -156,6 +158,10 @@ def frame_category(path: str, function: str | None = None) -> str | None:
         if module_re.search(module):
             if category == "megatron-core" and function and RUNNING_RE.match(function):
                 return None  # Megatron core running the model (forward, schedules), not building it
+            if function == "__exit__" and module.startswith(SHARDING_MANAGERS):
+                # a sharding manager pushes the weights on __enter__; its __exit__ puts the engine to sleep and
+                # frees its cache after generation: the rollout side, no weight transfer
+                return "rollout"
             return category
     return None
 
