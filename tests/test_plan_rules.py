@@ -1189,6 +1189,10 @@ def test_linear_attention_words_must_follow_each_other():
     from sessions.plan.features import feature_of_name
     assert feature_of_name("linear_attention_type") == ["custom-layer"]
     assert feature_of_name("decoder.layers.*.self_attention.linear_qkv.weight") == []
+    # Megatron-Core's linear-attention layer (GatedDeltaNet) by its name and its abbreviation in Bridge's code
+    assert feature_of_name("split_gdn_linear_weights") == ["custom-layer"]
+    assert feature_of_name("gated_delta_net") == ["custom-layer"]
+    assert feature_of_name("net_delta_gated") == []
 
 
 def test_a_parallel_read_kept_as_it_was_by_the_edit_is_no_parallel_change(tmp_path):
@@ -1811,3 +1815,18 @@ def test_a_base_provider_in_shared_model_code_serves_the_family_that_builds_it(t
     # dense model; shared framework code takes the default one
     nemotron_h = next(f for f in plan_rules.FAMILIES if f.folder == "nemotronh").dense
     assert l0["model"] == (nemotron_h if with_bridge else plan_rules.GENERIC_DENSE), l0["model"]
+
+
+@pytest.mark.parametrize("callee, parallel", [("gather_from_tp_ranks", True), ("renamed_copy", False)])
+def test_a_changed_value_passed_to_a_parallel_call_is_level2(tmp_path, callee, parallel):
+    # Bridge 92955f30e: `config = remove_non_pickleables(config)` before the unchanged
+    # `self.broadcast_obj_from_pp_rank(config)`: what the PP broadcast sends changed, although no changed line
+    # names a parallel size; the same edit whose value goes to a call about nothing parallel is no Level 2
+    base = dict(BRIDGE_BASE)
+    base.update(edit(MAPPING, "def megatron_to_hf(self, weights):\n    return self.gather_from_tp_ranks(weights)",
+                     f"def megatron_to_hf(self, weights):\n    return self.{callee}(weights)\n\n"
+                     "def renamed_copy(self, weights):\n    return weights"))
+    change = edit(MAPPING, f"return self.{callee}(weights)",
+                  f"weights = dict(weights)\nreturn self.{callee}(weights)", base)
+    got = levels(plan_for(tmp_path, change, base=base))
+    assert ("L2d" in got) == parallel, got

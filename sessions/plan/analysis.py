@@ -543,7 +543,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
                           "exits": ev.exits + [n for old_ev in old_evs for n in old_ev.exits],
                           "requires": ev.requires + [n for old_ev in old_evs for n in old_ev.requires]}, ev.new,
                          family=plan_features.folder_of(unit.file, index), strings=ev.strings, conditions=ev.conditions,
-                         edited=sorted(set((Counter(raw) - expert - spaced).elements())),
+                         # the calls a changed value is then passed to are where the edit acts (a PP broadcast)
+                         edited=sorted(set((Counter(raw) - expert - spaced).elements()) | set(ev.bound_into)),
                          edited_expert=sorted(set((expert - spaced).elements())),
                          reporting=bool(sides) and all(e.only_logging for e in sides),
                          sets=sorted(set(targets)))

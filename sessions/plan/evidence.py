@@ -116,6 +116,8 @@ class Evidence:
     statements: int = 0  # changed simple statements (imports, assignments, calls...)
     bound_reads: list[str] = field(default_factory=list)  # the settings later code reads from a variable a changed
     # line binds (`hf_config = self.hf_config`, then `getattr(hf_config, "num_nextn_predict_layers")`)
+    bound_into: list[str] = field(default_factory=list)  # the calls that then take such a variable as an argument:
+    # where the changed value goes (`config = remove_non_pickleables(config)`, then `broadcast_obj_from_pp_rank(config)`)
     only_imports: bool = False  # every changed code line is an import statement
     only_logging: bool = False  # every changed statement is a logging / metrics call (or inside one)
     switches: list[tuple[str, bool]] = field(default_factory=list)  # `self.X` tests that decide whether changed
@@ -258,6 +260,7 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
     if not ev.new:
         _conditions(ev, own, lines, skip)
         ev.bound_reads = _bound_reads(own, lines, skip)
+        ev.bound_into = _bound_into(own, lines, skip)
     ev.switches = _switches(own, lines)
     if unit.kind in ("function", "method"):
         ev.param_gates = _param_gates(node, own, lines)
@@ -323,16 +326,39 @@ def _switches(own: list[ast.AST], lines: set[int]) -> list[tuple[str, bool]]:
                               for v in _tested(test, truth, _self_attr)))
 
 
-def _bound_reads(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:
-    """The settings read, after it, from a variable a changed line binds: `hf_config = self.hf_config` changes what
-    `getattr(hf_config, "num_nextn_predict_layers", 0)`, `hf_config.num_hidden_layers`, `cfg.get("x")` and
-    `cfg["x"]` read on the lines after it, changed or not — the value they are read from is the changed line's."""
-    bound: dict[str, int] = {}  # variable -> the last line of its first changed binding
+def _changed_bindings(own: list[ast.AST], lines: set[int], skip: set[int]) -> dict[str, int]:
+    """variable -> the last line of its first changed binding (`x = ...` on a changed line)."""
+    bound: dict[str, int] = {}
     for n in own:
         if isinstance(n, (ast.Assign, ast.AnnAssign)) and id(n) not in skip and set(_span(n)) & lines:
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target]):
                 if isinstance(t, ast.Name):
                     bound[t.id] = min(bound.get(t.id, 1 << 30), n.end_lineno or n.lineno)
+    return bound
+
+
+def _bound_into(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:
+    """The functions called, after it, with a variable a changed line binds as an argument: the changed value goes
+    there (`config = remove_non_pickleables(config)`, then `self.broadcast_obj_from_pp_rank(config)`: what the PP
+    broadcast sends changed), changed or not."""
+    bound = _changed_bindings(own, lines, skip)
+    out: list[str] = []
+    for n in own:
+        if isinstance(n, ast.Call) and id(n) not in skip and any(
+                isinstance(a, ast.Name) and a.id in bound and n.lineno > bound[a.id]
+                for a in [*n.args, *(k.value for k in n.keywords)]):
+            f = n.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name:
+                out.append(name)
+    return list(dict.fromkeys(out))
+
+
+def _bound_reads(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:
+    """The settings read, after it, from a variable a changed line binds: `hf_config = self.hf_config` changes what
+    `getattr(hf_config, "num_nextn_predict_layers", 0)`, `hf_config.num_hidden_layers`, `cfg.get("x")` and
+    `cfg["x"]` read on the lines after it, changed or not — the value they are read from is the changed line's."""
+    bound = _changed_bindings(own, lines, skip)
     if not bound:
         return []
 

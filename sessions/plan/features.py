@@ -54,7 +54,9 @@ ORDERED_FEATURE_WORDS: dict[str, tuple[str, ...]] = {
     # Mamba (SSM) mixers in place of attention, built the same way from the provider's settings (`mamba_num_heads`,
     # `mamba_chunk_size`, a hybrid layer pattern's `M` layers); gated attention, a gate Megatron-Core puts on the
     # attention output from the provider's settings (`attention_output_gate`, a head-wise `..._attn_gate`)
-    "custom-layer": ("linear attention", "mamba", "attention output gate", "attn gate"),
+    # (Megatron-Core's linear-attention layer is megatron.core.ssm.gated_delta_net.GatedDeltaNet: Bridge names its
+    # weights' conversion after it, `split_gdn_linear_weights`)
+    "custom-layer": ("linear attention", "gated delta net", "gdn", "mamba", "attention output gate", "attn gate"),
 }
 # custom layer: a class deriving from one of these kinds of layer (the base's name words), or a layer spec
 LAYER_BASE_WORDS = ("attention", "layer", "mlp", "norm", "linear", "block", "embedding", "rotary", "mixer")
