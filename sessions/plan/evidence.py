@@ -259,8 +259,9 @@ def evidence(unit: Unit, lines: set[int], code: set[int], moved: set[int] = froz
                 ev.namespaced.append(name)
     if not ev.new:
         _conditions(ev, own, lines, skip)
-        ev.bound_reads = _bound_reads(own, lines, skip)
-        ev.bound_into = _bound_into(own, lines, skip)
+        bound = _changed_bindings(own, lines, skip)
+        ev.bound_reads = _bound_reads(own, bound)
+        ev.bound_into = _bound_into(own, bound, skip)
     ev.switches = _switches(own, lines)
     if unit.kind in ("function", "method"):
         ev.param_gates = _param_gates(node, own, lines)
@@ -337,11 +338,10 @@ def _changed_bindings(own: list[ast.AST], lines: set[int], skip: set[int]) -> di
     return bound
 
 
-def _bound_into(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:
-    """The functions called, after it, with a variable a changed line binds as an argument: the changed value goes
-    there (`config = remove_non_pickleables(config)`, then `self.broadcast_obj_from_pp_rank(config)`: what the PP
-    broadcast sends changed), changed or not."""
-    bound = _changed_bindings(own, lines, skip)
+def _bound_into(own: list[ast.AST], bound: dict[str, int], skip: set[int]) -> list[str]:
+    """The functions called, after it, with a variable a changed line binds (`bound`) as an argument: the changed
+    value goes there (`config = remove_non_pickleables(config)`, then `self.broadcast_obj_from_pp_rank(config)`:
+    what the PP broadcast sends changed), changed or not."""
     out: list[str] = []
     for n in own:
         if isinstance(n, ast.Call) and id(n) not in skip and any(
@@ -354,11 +354,10 @@ def _bound_into(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str
     return list(dict.fromkeys(out))
 
 
-def _bound_reads(own: list[ast.AST], lines: set[int], skip: set[int]) -> list[str]:
-    """The settings read, after it, from a variable a changed line binds: `hf_config = self.hf_config` changes what
-    `getattr(hf_config, "num_nextn_predict_layers", 0)`, `hf_config.num_hidden_layers`, `cfg.get("x")` and
-    `cfg["x"]` read on the lines after it, changed or not — the value they are read from is the changed line's."""
-    bound = _changed_bindings(own, lines, skip)
+def _bound_reads(own: list[ast.AST], bound: dict[str, int]) -> list[str]:
+    """The settings read, after it, from a variable a changed line binds (`bound`): `hf_config = self.hf_config`
+    changes what `getattr(hf_config, "num_nextn_predict_layers", 0)`, `hf_config.num_hidden_layers`, `cfg.get("x")`
+    and `cfg["x"]` read on the lines after it, changed or not — the value they are read from is the changed line's."""
     if not bound:
         return []
 

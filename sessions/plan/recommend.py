@@ -176,18 +176,18 @@ def _architectures(path: Path) -> list[str]:
 def detect_families(change: Change, units: list[ChangedUnit]) -> list[FamilyHit]:
     """Provider families the change touches (verl-reached code first), the most-touched first."""
     by_name: dict[str, tuple[Family, list[str]]] = {}
-    reached = {u.file for u in units if u.tier != "none"}
+    live = [u for u in units if u.tier != "none"]
+    reached = {u.file for u in live}
     candidates = [f.path for f in change.files if f.path in reached] or [
         f.path for f in change.files if _is_bridge_python(f.path)]
-    live = [u for u in units if u.tier != "none"]
+    found = [(path, fam) for path in candidates if (fam := family_for(path)) is not None]
     # shared-folder code that is only some families' own (a base provider their bridges build): those families;
     # code every family loads through keeps the representative checkpoint
-    if live and all(u.served for u in live) and not any(family_for(p) for p in candidates):
-        candidates += list(dict.fromkeys(f["bridge_file"] for u in live for f in u.served))
-    for path in candidates:
-        fam = family_for(path)
-        if fam is not None:
-            by_name.setdefault(fam.name, (fam, []))[1].append(path)
+    if not found and live and all(u.served for u in live):
+        served = dict.fromkeys(f["bridge_file"] for u in live for f in u.served)
+        found = [(path, fam) for path in served if (fam := family_for(path)) is not None]
+    for path, fam in found:
+        by_name.setdefault(fam.name, (fam, []))[1].append(path)
     hits = []
     for fam, paths in sorted(by_name.values(), key=lambda x: -len(x[1])):
         dummy = None
