@@ -320,6 +320,44 @@ def test_change_to_a_vision_language_family_involves_vlm(tmp_path):
         "(src/megatron/bridge/models/qwen_vl/qwen3_vl_bridge.py:11)"]
 
 
+def _shared_gdn_split(family_names_gdn: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """Shared export code gains a GDN weight split; a Qwen3.5 VL family whose own mapping is a GDN one (or not)."""
+    mapping = "GDNInProjMapping" if family_names_gdn else "InProjMapping"
+    base = _with_family("qwen_vl", "qwen35_vl_bridge", "Qwen35VLBridge", (
+        "from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge\n"
+        "from megatron.bridge.models.conversion.param_mapping import AutoMapping\n\n\n"
+        f"class {mapping}(AutoMapping):\n    pass\n\n\n"
+        "@MegatronModelBridge.register_bridge(source='Qwen3_5ForConditionalGeneration')\n"
+        "class Qwen35VLBridge(MegatronModelBridge):\n"
+        "    def provider_bridge(self, hf_config):\n        return hf_config\n\n"
+        f"    def mapping_registry(self):\n        return [{mapping}()]\n"))
+    mb = B + "models/conversion/model_bridge.py"
+    base[mb] = textwrap.dedent(base[mb]) + "\n\ndef split_gdn_weights(weights):\n    return weights\n"
+    base[mb] = base[mb].replace("yield mapping.megatron_to_hf(model)",
+                                "yield split_gdn_weights(mapping.megatron_to_hf(model))")
+    return base, edit(mb, "def split_gdn_weights(weights):\n    return weights",
+                      "def split_gdn_weights(weights):\n    return list(weights)", base)
+
+
+def test_shared_custom_layer_code_runs_on_a_family_whose_code_names_it(tmp_path):
+    # a GDN weight split in shared export code (e049cc00c's shape): the custom-layer run loads a model whose own
+    # code has GDN weights, not the default dense checkpoint (Qwen2.5 has none: its run never takes the lines)
+    base, change = _shared_gdn_split(True)
+    plan = plan_for(tmp_path / "a", change, base=base)
+    entry = next(e for e in plan.entries if e.key == "L4:custom-layer")
+    assert entry.model == "Qwen/Qwen3.5-0.8B"
+    assert entry.settings == [
+        "model of the qwen3.5-vl family: its own code (src/megatron/bridge/models/qwen_vl/qwen35_vl_bridge.py) names "
+        "what the changed custom-layer code handles; Qwen/Qwen2.5-0.5B does not, its run would not take the changed "
+        "lines"]
+    assert next(e for e in plan.entries if e.key == "L0").model == "Qwen/Qwen2.5-0.5B"  # every family loads it
+    # no family names GDN: the representative stays, with no claim about the model
+    base, change = _shared_gdn_split(False)
+    plan = plan_for(tmp_path / "b", change, base=base)
+    entry = next(e for e in plan.entries if e.key == "L4:custom-layer")
+    assert (entry.model, entry.settings) == ("Qwen/Qwen2.5-0.5B", [])
+
+
 # ---------------------------------------------------------------- issue 26: Level 4 from the families' features
 
 

@@ -57,6 +57,8 @@ class ChangedUnit:
     family: str | None = None  # the provider folder it belongs to (None: family-independent)
     touched: dict[str, list[str]] = field(default_factory=dict)  # feature → facts of it on the changed lines
     served: list[dict] = field(default_factory=list)  # the families whose own code it is (none: shared code)
+    # shared code: feature → bridge files of the families whose own code names what its changed lines name of it
+    named_by: dict[str, list[str]] = field(default_factory=dict)
     strings: list[str] = field(default_factory=list)  # name-like strings of the changed code
     conditions: list[str] = field(default_factory=list)  # conditions its changed lines run under
     edited: list[str] = field(default_factory=list)  # every name of its edited statements (both sides, undiffed)
@@ -82,7 +84,8 @@ class ChangedUnit:
                 "touched": self.touched, "conditions": self.conditions, "switches": self.switches,
                 "verl_skips": self.verl_skips,
                 "families": [f["family"] for f in self.served] or ["all families"],
-                "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served]}
+                "served_by": [{"family": f["family"], "file": f["bridge_file"]} for f in self.served],
+                **({"named_by": self.named_by} if self.named_by else {})}
 
 
 def _gates_of_change(ev: Evidence, lines: set[int], old_evs: list[Evidence]) -> dict[str, bool]:
@@ -441,6 +444,26 @@ def _features(index: BridgeIndex, unit: Unit, lines: set[int], ev: Evidence, tar
     return touched.by_feature, served
 
 
+IDENTIFIER = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def _families_naming(index: BridgeIndex, touched: dict[str, list[str]], cache: dict) -> dict[str, list[str]]:
+    """For shared code: per feature its changed lines touch, the families whose own code names the same thing
+    (`split_gdn_linear_weights` → the families naming "gdn": Qwen3-Next, Qwen3.5), so that the run proposed for
+    the feature loads a model that runs it."""
+    out: dict[str, list[str]] = {}
+    for feature, facts in touched.items():
+        for fact in facts:
+            if not IDENTIFIER.fullmatch(fact):
+                continue  # a description ("called only from moe code: ..."), not a name the changed code has
+            for f, phrase in plan_features.feature_phrases(fact):
+                if f == feature:
+                    for b in plan_features.families_naming(index, f, phrase, cache):
+                        if b not in out.setdefault(f, []):
+                            out[f].append(b)
+    return out
+
+
 def analyse(change: Change, verl_repo: Path | str) -> Analysis:
     """Changed functions/classes of Bridge's source, each with whether and how verl reaches it."""
     if not any(_is_bridge_python(f.path) for f in change.files):
@@ -561,6 +584,8 @@ def analyse(change: Change, verl_repo: Path | str) -> Analysis:
             cu.touched, cu.served = _features(index, unit, lines, ev, targets, tier, fam_cache, added_by_file,
                                               verl_calls=key in entry_keys)
             cu.config_code = cu.config_code or any(f["config"] and f["own"] for f in cu.served)
+            if cu.touched and not cu.served and plan_features.folder_of(unit.file, index) is None:
+                cu.named_by = _families_naming(index, cu.touched, fam_cache)
             if cu.edited_expert and tier in ("calls", "api"):  # lines under `if is_expert:`: the MoE path only
                 cu.touched.setdefault("moe", []).append(
                     f"lines that run only for experts: {', '.join(cu.edited_expert[:3])}")

@@ -72,15 +72,25 @@ def _hit(words: list[str], table: tuple[str, ...]) -> str | None:
     return next((t for t in table if set(t.split()) <= ws), None)
 
 
-def feature_of_name(name: str) -> list[str]:
-    """The features an identifier or a name-like string is a fact of (`num_moe_experts` → moe). A string that ends
-    in a dot is a prefix some code filters by (`"vision_tower."` skipped on import), no part the family builds."""
+def feature_phrases(name: str) -> list[tuple[str, str]]:
+    """(feature, the table phrase that says so) for each feature an identifier or a name-like string is a fact of
+    (`split_gdn_linear_weights` → custom-layer by "gdn"). A string that ends in a dot is a prefix some code filters
+    by (`"vision_tower."` skipped on import), no part the family builds."""
     if name.endswith("."):
         return []
     words = words_of(name.replace(".", "_"))
     joined = f" {' '.join(words)} "
-    return [f for f, table in FEATURE_WORDS.items() if _hit(words, table)] + [
-        f for f, table in ORDERED_FEATURE_WORDS.items() if any(f" {t} " in joined for t in table)]
+    out = [(f, t) for f, table in FEATURE_WORDS.items() if (t := _hit(words, table))]
+    for f, table in ORDERED_FEATURE_WORDS.items():
+        t = next((t for t in table if f" {t} " in joined), None)
+        if t:
+            out.append((f, t))
+    return out
+
+
+def feature_of_name(name: str) -> list[str]:
+    """The features an identifier or a name-like string is a fact of (`num_moe_experts` → moe)."""
+    return [f for f, _ in feature_phrases(name)]
 
 
 def _switched_off(value: ast.AST | None) -> bool:
@@ -165,16 +175,8 @@ def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = ""
             out.add("custom-layer", f"ModuleSpec(...) edited ({where})")  # a submodule of a layer spec swapped
         if lines is not None and line not in lines:
             continue
-        name = None
-        if isinstance(n, ast.Name):
-            name = n.id
-        elif isinstance(n, ast.Attribute):
-            name = n.attr
-        elif isinstance(n, ast.keyword):
-            name = n.arg
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and " " not in n.value and len(n.value) <= 120:
-            name = n.value
-        elif isinstance(n, ast.ClassDef) and is_layer_class(n):
+        name = _name_of(n)
+        if isinstance(n, ast.ClassDef) and is_layer_class(n):
             out.add("custom-layer", f"layer module {n.name} ({where})")
         elif is_spec_function(n):
             out.add("custom-layer", f"layer spec {n.name} ({where})")
@@ -192,6 +194,19 @@ def sites_in(nodes: list[ast.AST], lines: set[int] | None = None, file: str = ""
                     continue  # `is_vision_language`: a switch that describes, it builds no vision part
                 out.add(f, f"{name} ({where})")
     return out
+
+
+def _name_of(n: ast.AST) -> str | None:
+    """The identifier or name-like string a node is (a name, an attribute, a keyword, a short string without spaces)."""
+    if isinstance(n, ast.Name):
+        return n.id
+    if isinstance(n, ast.Attribute):
+        return n.attr
+    if isinstance(n, ast.keyword):
+        return n.arg
+    if isinstance(n, ast.Constant) and isinstance(n.value, str) and " " not in n.value and len(n.value) <= 120:
+        return n.value
+    return None
 
 
 def _own_spec(value: ast.AST | None) -> bool:
@@ -289,26 +304,34 @@ def families_in(index: BridgeIndex, folder: str) -> list[FamilyModel]:
                 stack += [r for r in (info.table_refs.get(name, ()) if info else ()) if r in in_folder]
             if unit.kind == "class":
                 stack += list(unit.methods.values())
-        for m in sorted({k.split(":", 1)[0] for k in fam.units}):  # the tables at module level its code uses
-            info = index.modules.get(m)
-            if info is not None:
-                mod = index.units[info.name]
-                fam.sites.update(sites_in([x for r in _module_own(mod) for x in ast.walk(r)], file=mod.file))
         for k in sorted(fam.units):
             unit = index.units[k]
-            if unit.kind == "module":
-                continue
             if unit.kind in ("class", "function") and (
                     (unit.kind == "class" and is_layer_class(unit.node)) or is_spec_function(unit.node)):
                 fam.layer_units.add(k)
                 fam.layer_units.update(unit.methods.values())
                 fam.layer_files.add(unit.file)
-            own = [unit.node] if unit.kind != "class" else [unit.node]
-            nodes = [x for n in own for x in ast.walk(n)] if unit.kind != "class" else _class_own(unit)
-            fam.sites.update(sites_in(nodes, file=unit.file))
+        for file, nodes in _own_code(index, fam):
+            fam.sites.update(sites_in(nodes, file=file))
         _config_code(index, fam)
         _layer_helpers(index, fam)
         out.append(fam)
+    return out
+
+
+def _own_code(index: BridgeIndex, fam: FamilyModel) -> list[tuple[str, list[ast.AST]]]:
+    """(file, nodes) of a family's own code: the module-level tables of the modules its code is in, then each of its
+    units (a class without its methods: they are units of their own)."""
+    out = []
+    for m in sorted({k.split(":", 1)[0] for k in fam.units}):
+        info = index.modules.get(m)
+        if info is not None:
+            mod = index.units[info.name]
+            out.append((mod.file, [x for r in _module_own(mod) for x in ast.walk(r)]))
+    for k in sorted(fam.units):
+        unit = index.units[k]
+        if unit.kind != "module":
+            out.append((unit.file, _class_own(unit) if unit.kind == "class" else list(ast.walk(unit.node))))
     return out
 
 
@@ -600,6 +623,34 @@ def _families(index: BridgeIndex, folder: str, cache: dict[str, list[FamilyModel
     if folder not in cache:
         cache[folder] = families_in(index, folder)
     return cache[folder]
+
+
+def families_naming(index: BridgeIndex, feature: str, phrase: str, cache: dict[str, list[FamilyModel]]
+                    ) -> list[str]:
+    """The bridge files of the registered families whose own code names `phrase` as a fact of `feature` (a
+    `GDNLinearMapping` Qwen3-Next's bridge registers names "gdn"): the models whose load runs shared code that
+    handles what the phrase names. Built once per index, over every family folder."""
+    table = _per_index(index, "_family_phrases_cache", lambda ix: _build_family_phrases(ix, cache))
+    return table.get((feature, phrase), [])
+
+
+def _build_family_phrases(index: BridgeIndex, cache: dict[str, list[FamilyModel]]
+                          ) -> dict[tuple[str, str], list[str]]:
+    _load_all(index)
+    folders = sorted({f for rel in index.modules.files.values() if (f := folder_of(rel, index)) is not None})
+    out: dict[tuple[str, str], list[str]] = {}
+    for folder in folders:
+        for fam in _families(index, folder, cache):
+            bridge_file = index.units[fam.bridge].file
+            found: set[tuple[str, str]] = set()
+            for _, nodes in _own_code(index, fam):
+                for n in nodes:
+                    if name := _name_of(n):
+                        found.update(feature_phrases(name))
+            for key in found:
+                if bridge_file not in out.setdefault(key, []):
+                    out[key].append(bridge_file)
+    return out
 
 
 def _bridges_using(index: BridgeIndex, key: str) -> list[str]:

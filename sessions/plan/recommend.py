@@ -214,13 +214,40 @@ def _serving_family(change: Change, entry: Entry) -> FamilyHit | None:
     return hits[0] if hits else None
 
 
+def _naming_family(change: Change, entry: Entry) -> tuple[FamilyHit, str] | None:
+    """For a Level 4 entry of shared code that no family's code calls (a GDN weight split in the conversion
+    module): a family whose own code names what the changed code handles, with the reason, when the representative
+    model of the feature is none of them (Qwen2.5 has no GDN layer: its run would never take the changed lines)."""
+    if entry.level != 4:
+        return None
+    files = list(dict.fromkeys(b for r in entry.reasons for u in r.units
+                               for b in u.get("named_by", {}).get(entry.feature, [])))
+    hits = [h for b in files for h in detect_families(Change(change.repo, change.head, change.base, change.merge_base,
+                                                              [ChangedFile(b, "M")]), [])]
+    generic = _generic_model(entry)
+    if not hits or any(generic in (h.checkpoint, h.moe_checkpoint) for h in hits):
+        return None
+    moe = entry.feature == "moe"
+    # a public checkpoint of the kind the entry runs first (a small dense one unless MoE), the dummy path last
+    best = min(hits, key=lambda h: (h.dummy is not None, (h.moe_checkpoint is None) if moe
+                                    else (h.checkpoint in (None, h.moe_checkpoint))))
+    return best, (f"model of the {best.family} family: its own code ({best.files[0]}) names what the changed "
+                  f"{entry.feature} code handles; {generic} does not, its run would not take the changed lines")
+
+
+def _generic_model(entry: Entry) -> str:
+    """The representative checkpoint for shared code: one family with the entry's feature runs it."""
+    if entry.level == 4 and entry.feature == "vlm":
+        return plan_rules.GENERIC_VLM
+    needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
+    return plan_rules.GENERIC_MOE if needs_moe else plan_rules.GENERIC_DENSE
+
+
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
     if primary is None:  # shared code: one representative family with the feature runs it
-        if entry.level == 4 and entry.feature == "vlm":
-            return plan_rules.GENERIC_VLM, None
-        return (plan_rules.GENERIC_MOE if needs_moe else plan_rules.GENERIC_DENSE), None
+        return _generic_model(entry), None
     if needs_moe:
         if primary.moe_checkpoint:
             return primary.moe_checkpoint, None
@@ -505,8 +532,12 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     families = detect_families(change, units)
     primary = families[0] if families else None
     for e in entries + optional:
-        e.model, e.dummy = _entry_model(e, primary or _serving_family(change, e))
+        family = primary or _serving_family(change, e)
         found = []
+        if family is None and (named := _naming_family(change, e)):
+            family = named[0]
+            found.append((named[1], []))
+        e.model, e.dummy = _entry_model(e, family)
         if e.level in (2, 3, 4):
             conds = list(dict.fromkeys(c for r in e.reasons for u in r.units for c in u.get("conditions", [])))
             found += line_settings.settings_for(conds, e.level, e.variant)

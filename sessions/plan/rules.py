@@ -234,6 +234,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen2-moe", "qwen", ("qwen2_moe",), moe="Qwen/Qwen1.5-MoE-A2.7B"),
     Family("qwen2", "qwen", ("qwen2", ""), dense="Qwen/Qwen2.5-0.5B"),
     Family("qwen2.5-vl", "qwen_vl", ("qwen25", "modeling_qwen25"), dense="Qwen/Qwen2.5-VL-3B-Instruct", vlm=True),
+    Family("qwen3.5-vl", "qwen_vl", ("qwen35",), dense="Qwen/Qwen3.5-0.8B", moe="Qwen/Qwen3.5-35B-A3B", vlm=True),
     Family("qwen3-vl", "qwen_vl", ("",), dense="Qwen/Qwen3-VL-2B-Instruct", moe="Qwen/Qwen3-VL-30B-A3B-Instruct",
            vlm=True),
     Family("llama-nemotron", "llama_nemotron", dense="nvidia/Llama-3.1-Nemotron-Nano-8B-v1"),
