@@ -209,3 +209,20 @@ def test_a_data_column_missing_inside_fit_is_fail_not_blocked():
     assert (inside.result, inside.category) == ("Fail", "data"), inside.category_evidence
     before = judge_lines([*head, frames[0], "KeyError: 'reward_model'"])
     assert (before.result, before.category) == ("Blocked", "data"), before.category_evidence
+
+
+@pytest.mark.parametrize("line, category", [
+    # the callee a signature error names is where it was raised: saving HF weights with a checkpoint
+    ("TypeError: Bridge.save_weights() got an unexpected keyword argument 'distributed_filesystem'", "checkpoint"),
+    ("TypeError: RayPPOTrainer._save_checkpoint() missing 1 required positional argument: 'step'", "checkpoint"),
+    ("TypeError: ActorRolloutRefWorker.generate_sequences() takes 2 positional arguments but 3 were given",
+     "rollout"),
+    # a function of no area of verl's loop: the message alone says nothing more
+    ("TypeError: Widget.render() got an unexpected keyword argument 'x'", "unknown"),
+])
+def test_a_quoted_signature_error_is_read_and_its_callee_says_where(line, category):
+    # a paste quoted in an issue comment (`> `), the versions after it: the line is the error, quoted or not
+    for quoted in (line, f"> {line}", f"> > {line}"):
+        verdict = judge_lines([quoted, "verl 0.7.0.dev0", "mbridge 0.15.1"])
+        assert (verdict.result, verdict.category) == ("Fail", category), (quoted, verdict.first_error)
+        assert verdict.first_error == line

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from sessions.judge.frames import called_area, classify_frame, raises_a_config_value
+from sessions.judge.frames import called_area, callee_area, classify_frame, raises_a_config_value
 from sessions.judge.logstream import LogLine, normalise, step_line_match
 from sessions.judge.needles import DISPATCH, MAX_MEMO, LongText, search_other, search_pattern
 from sessions.judge.patterns import (
@@ -501,7 +501,8 @@ class Evidence:
             self.seq, line.source, line.inner, _shorten(text, MAX_EVENT_TEXT), error_pattern, self.phase,
             self.max_step, noise, wrapper.group("method") if wrapper else None,
             wrapper.group("inner") if wrapper else None, self.areas.get(line.source), log_error,
-            nearest=self.areas.get(ANY_SOURCE), where=self.wheres.get(line.source) or self.wheres.get(ANY_SOURCE),
+            nearest=self.areas.get(ANY_SOURCE),
+            where=self.wheres.get(line.source) or self.wheres.get(ANY_SOURCE) or callee_area(text),
         )
         if len(self.events) < MAX_EVENTS:
             self.events.append(event)

@@ -78,7 +78,10 @@ FUNCTION_AREAS = tuple((re.compile(rx), area) for rx, area in (
     (r"^(?:update_weights|sync_weights|update_params|rollout_mode|sync_rollout_weights|send_weights|"
      r"receive_weights|async_send_weights|_update_weights\w*|_sync_\w*weights|update_weights_from_\w+)$",
      "weight-sync"),
-    (r"^_?(?:save|load)_checkpoint$|^load_pretrained_model$", "checkpoint"),
+    # (HF weights and adapters saved with a checkpoint: verl's checkpoint managers call save_weights /
+    # save_pretrained / save_hf_adapter; loading HF weights is the model build's, not a checkpoint's)
+    (r"^_?(?:save|load)_checkpoint$|^load_pretrained_model$|^save_(?:weights|hf_weights|pretrained|hf_adapter|"
+     r"lora_adapter)$", "checkpoint"),
     # (`reward_fn` / `val_reward_fn`: the reward managers the trainer calls in fit() and _validate())
     (r"^(?:compute_rm_score|compute_reward\w*|_compute_reward\w*|compute_score\w*|load_reward_manager|"
      r"get_custom_reward_fn|reward_fn|val_reward_fn)$", "reward"),
@@ -123,6 +126,22 @@ def called_area(frame_path: str | None, statement: str) -> str | None:
         if area:
             return area
     return None
+
+
+# A call that does not fit the callee's signature names the callee: where the error was raised is its call, as a
+# frame of that function would say (a paste that kept only the exception line: `TypeError: Bridge.save_weights()
+# got an unexpected keyword argument ...`, an API mismatch between verl and the package it calls)
+SIGNATURE_ERROR_RE = re.compile(
+    r"TypeError: (?:[\w.]+\.)?(\w+)\(\) (?:got an unexpected keyword argument|missing \d+ required|takes \d+|"
+    r"got multiple values)")
+
+
+def callee_area(text: str) -> str | None:
+    """The area of the function a signature TypeError names (None: no such error, or a function of no area)."""
+    match = SIGNATURE_ERROR_RE.search(text) if "TypeError" in text else None
+    if match is None:
+        return None
+    return next((area for function_re, area in FUNCTION_AREAS if function_re.search(match.group(1))), None)
 
 
 @lru_cache(maxsize=4096)  # a traceback's paths repeat (every rank, every echo of the chain)

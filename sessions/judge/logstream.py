@@ -50,6 +50,7 @@ RAY_PREFIX_RE = re.compile(RAY_PREFIX + r"\s?")
 ANSI_RESIDUE_RE = re.compile(r"(?:\^\[)?\[(?:[01];)?(?:3\d|39|0)m")
 ANSI_BYTES_RE = re.compile(ANSI_RE.pattern.encode())
 ANSI_RESIDUE_BYTES_RE = re.compile(ANSI_RESIDUE_RE.pattern.encode())
+QUOTE_RE = re.compile(r"^(?:> ?)+")  # markdown / mail quote markers, nested ones too
 RANK_PREFIX_RE = re.compile(r"^\[[Rr]ank\d+\]:\s?")
 REPEATED_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 STEP_AT_BYTES_RE = re.compile(rb"step:(\d+)\s+-\s+")  # the metrics follow match.end()
@@ -80,6 +81,8 @@ def normalise(raw: str) -> list[LogLine]:
     if "[3" in raw or "[0m" in raw or "[1;3" in raw or "[0;0m" in raw:  # a paste that lost the ESC byte: "[36m"
         raw = ANSI_RESIDUE_RE.sub("", raw)
     raw = raw.rstrip("\n")
+    if raw[:1] == ">":  # a quoted paste (an issue comment, a mail): `> TypeError: ...`
+        raw = QUOTE_RE.sub("", raw, count=1)
     for _ in range(2):  # a timestamped capture of an already timestamped log has two
         if not (raw[:1].isdigit() or raw[:1] == "["):
             break
