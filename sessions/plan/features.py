@@ -421,9 +421,8 @@ def standard_layer_fields(index: BridgeIndex, cache: dict[str, list[FamilyModel]
 
 
 def _build_standard_layer_fields(index: BridgeIndex, cache: dict[str, list[FamilyModel]]) -> set[str]:
-    _load_all(index)
     out: set[str] = set()
-    for folder in sorted({f for rel in index.modules.files.values() if (f := folder_of(rel, index))}):
+    for folder in _family_folders(index):
         for fam in _families(index, folder, cache):
             if "custom-layer" not in fam.builds.by_feature:
                 out |= fam.config_fields
@@ -576,6 +575,12 @@ def weight_fragment_features(index: BridgeIndex, fragment: str) -> tuple[dict[st
             sorted({folder for _, folder, _ in hits}))
 
 
+def _family_folders(index: BridgeIndex) -> list[str]:
+    """Every model folder of family code, every module loaded."""
+    _load_all(index)
+    return sorted({f for rel in index.modules.files.values() if (f := folder_of(rel, index))})
+
+
 def _load_all(index: BridgeIndex) -> None:
     if not getattr(index, "_all_loaded", False):
         for m in list(index.modules.files):
@@ -636,10 +641,8 @@ def families_naming(index: BridgeIndex, feature: str, phrase: str, cache: dict[s
 
 def _build_family_phrases(index: BridgeIndex, cache: dict[str, list[FamilyModel]]
                           ) -> dict[tuple[str, str], list[str]]:
-    _load_all(index)
-    folders = sorted({f for rel in index.modules.files.values() if (f := folder_of(rel, index)) is not None})
     out: dict[tuple[str, str], list[str]] = {}
-    for folder in folders:
+    for folder in _family_folders(index):
         for fam in _families(index, folder, cache):
             bridge_file = index.units[fam.bridge].file
             found: set[tuple[str, str]] = set()
