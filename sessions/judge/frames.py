@@ -141,7 +141,12 @@ def callee_area(text: str) -> str | None:
     match = SIGNATURE_ERROR_RE.search(text) if "TypeError" in text else None
     if match is None:
         return None
-    return next((area for function_re, area in FUNCTION_AREAS if function_re.search(match.group(1))), None)
+    return function_area(match.group(1))
+
+
+def function_area(function: str) -> str | None:
+    """The area of verl's loop a function's name says (FUNCTION_AREAS; None: none)."""
+    return next((area for function_re, area in FUNCTION_AREAS if function_re.search(function)), None)
 
 
 @lru_cache(maxsize=4096)  # a traceback's paths repeat (every rank, every echo of the chain)
@@ -197,10 +202,7 @@ def frame_area(path: str, function: str | None) -> str | None:
         return "weight-sync" if WEIGHT_RECEIVER_RE.match(function) else None
     if not module.startswith("verl/"):
         return None
-    for function_re, area in FUNCTION_AREAS:
-        if function_re.search(function):
-            return area
-    return None
+    return function_area(function)
 
 
 # a raise statement formatting an attribute of the run's config object (`{self.config.optim.lr_scheduler}`,

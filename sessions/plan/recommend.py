@@ -209,9 +209,14 @@ def _serving_family(change: Change, entry: Entry) -> FamilyHit | None:
     files = [f["file"] for r in entry.reasons for u in r.units for f in u.get("served_by", [])]
     if not files:
         return None
-    hits = detect_families(Change(change.repo, change.head, change.base, change.merge_base,
-                                  [ChangedFile(files[0], "M")]), [])
+    hits = _families_of_file(change, files[0])
     return hits[0] if hits else None
+
+
+def _families_of_file(change: Change, path: str) -> list[FamilyHit]:
+    """The family a bridge file of the change's checkout is (with its checkpoints), as if only it had changed."""
+    return detect_families(Change(change.repo, change.head, change.base, change.merge_base,
+                                  [ChangedFile(path, "M")]), [])
 
 
 def _naming_family(change: Change, entry: Entry) -> tuple[FamilyHit, str] | None:
@@ -222,12 +227,11 @@ def _naming_family(change: Change, entry: Entry) -> tuple[FamilyHit, str] | None
         return None
     files = list(dict.fromkeys(b for r in entry.reasons for u in r.units
                                for b in u.get("named_by", {}).get(entry.feature, [])))
-    hits = [h for b in files for h in detect_families(Change(change.repo, change.head, change.base, change.merge_base,
-                                                              [ChangedFile(b, "M")]), [])]
+    hits = [h for b in files for h in _families_of_file(change, b)]
     generic = _generic_model(entry)
     if not hits or any(generic in (h.checkpoint, h.moe_checkpoint) for h in hits):
         return None
-    moe = entry.feature == "moe"
+    moe = _needs_moe(entry)
     # a public checkpoint of the kind the entry runs first (a small dense one unless MoE), the dummy path last
     best = min(hits, key=lambda h: (h.dummy is not None, (h.moe_checkpoint is None) if moe
                                     else (h.checkpoint in (None, h.moe_checkpoint))))
@@ -239,13 +243,17 @@ def _generic_model(entry: Entry) -> str:
     """The representative checkpoint for shared code: one family with the entry's feature runs it."""
     if entry.level == 4 and entry.feature == "vlm":
         return plan_rules.GENERIC_VLM
-    needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
-    return plan_rules.GENERIC_MOE if needs_moe else plan_rules.GENERIC_DENSE
+    return plan_rules.GENERIC_MOE if _needs_moe(entry) else plan_rules.GENERIC_DENSE
+
+
+def _needs_moe(entry: Entry) -> bool:
+    """The entry runs experts: Level 2's MoE variant, Level 4's MoE feature."""
+    return (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
 
 
 def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
-    needs_moe = (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
+    needs_moe = _needs_moe(entry)
     if primary is None:  # shared code: one representative family with the feature runs it
         return _generic_model(entry), None
     if needs_moe:
