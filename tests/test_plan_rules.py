@@ -450,6 +450,42 @@ def _qwen_with_own_layers() -> dict[str, str]:
     return base
 
 
+def _olmoe_with_own_layers() -> dict[str, str]:
+    """OLMoE (a family that builds experts in every model) with an attention module of its own in its folder."""
+    base = dict(BRIDGE_BASE)
+    base[B + "models/olmoe/olmoe_layers.py"] = (
+        "from megatron.core.transformer.attention import SelfAttention\n"
+        "from megatron.core.transformer.spec_utils import ModuleSpec\n\n\n"
+        "class OlmoeQKNormAttention(SelfAttention):\n"
+        "    def forward(self, hidden_states):\n"
+        "        out = hidden_states * 2\n"
+        "        return out\n\n\n"
+        "def olmoe_layer_spec(config):\n"
+        "    return ModuleSpec(module=OlmoeQKNormAttention)\n")
+    base[OLMOE] = textwrap.dedent(BRIDGE_BASE[OLMOE]).replace(
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n",
+        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
+        "from megatron.bridge.models.olmoe.olmoe_layers import olmoe_layer_spec\n").replace(
+        "        provider.num_moe_experts = hf_config.num_experts\n",
+        "        provider.num_moe_experts = hf_config.num_experts\n"
+        "        provider.transformer_layer_spec = olmoe_layer_spec\n")
+    return base
+
+
+def test_own_layer_code_of_a_family_that_only_builds_moe_models_involves_moe(tmp_path):
+    # an attention fix names no expert, but it runs only inside the family's MoE models (Level 0 loads one at EP=1):
+    # the MoE run is required beside the custom-layer one; Qwen 3's same change (a dense family) is custom layer only
+    base = _olmoe_with_own_layers()
+    rel = B + "models/olmoe/olmoe_layers.py"
+    change = {rel: base[rel].replace("out = hidden_states * 2", "out = hidden_states * 3")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert levels(plan) == ["L0", "L4:custom-layer", "L4:moe"]
+    fams, feats = next(e for e in plan.entries if e.key == "L4:moe").justified_by()
+    assert fams == ["OlmoeBridge"]
+    assert any("OlmoeBridge builds experts in every model it builds and its own code changed" in f
+               for f in feats["moe"])
+
+
 def test_change_to_a_familys_own_layer_module_is_custom_layer(tmp_path):
     base = _qwen_with_own_layers()
     change = {B + "models/qwen/qwen3_layers.py": base[B + "models/qwen/qwen3_layers.py"].replace(
