@@ -429,47 +429,37 @@ def test_new_bridge_defining_megatron_to_hf_config_is_no_level1_by_that_alone(tm
     assert unit.tier == "calls" and "AutoBridge.export_hf_weights" in unit.entries  # verl's export runs it
 
 
-def _qwen_with_own_layers() -> dict[str, str]:
+def _with_own_layers(bridge: str, layers: str, attention: str, spec: str, after: str) -> dict[str, str]:
+    """BRIDGE_BASE with an attention module of the family's own (`layers`, in the family's folder) whose layer spec
+    the family's bridge (`bridge`) sets after its `after` line."""
     base = dict(BRIDGE_BASE)
-    base[B + "models/qwen/qwen3_layers.py"] = (
+    module = layers[len("src/"):-len(".py")].replace("/", ".")
+    base[layers] = (
         "from megatron.core.transformer.attention import SelfAttention\n"
         "from megatron.core.transformer.spec_utils import ModuleSpec\n\n\n"
-        "class Qwen3GatedAttention(SelfAttention):\n"
+        f"class {attention}(SelfAttention):\n"
         "    def forward(self, hidden_states):\n"
         "        out = hidden_states * 2\n"
         "        return out\n\n\n"
-        "def qwen3_layer_spec(config):\n"
-        "    return ModuleSpec(module=Qwen3GatedAttention)\n")
-    base[QWEN] = textwrap.dedent(BRIDGE_BASE[QWEN]).replace(
+        f"def {spec}(config):\n"
+        f"    return ModuleSpec(module={attention})\n")
+    base[bridge] = textwrap.dedent(BRIDGE_BASE[bridge]).replace(
         "from megatron.bridge.models.gpt_provider import GPTModelProvider\n",
         "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
-        "from megatron.bridge.models.qwen.qwen3_layers import qwen3_layer_spec\n").replace(
-        "        provider.hidden_size = hf_config.hidden_size\n",
-        "        provider.hidden_size = hf_config.hidden_size\n"
-        "        provider.transformer_layer_spec = qwen3_layer_spec\n")
+        f"from {module} import {spec}\n").replace(
+        f"        {after}\n", f"        {after}\n        provider.transformer_layer_spec = {spec}\n")
     return base
+
+
+def _qwen_with_own_layers() -> dict[str, str]:
+    return _with_own_layers(QWEN, B + "models/qwen/qwen3_layers.py", "Qwen3GatedAttention", "qwen3_layer_spec",
+                            "provider.hidden_size = hf_config.hidden_size")
 
 
 def _olmoe_with_own_layers() -> dict[str, str]:
     """OLMoE (a family that builds experts in every model) with an attention module of its own in its folder."""
-    base = dict(BRIDGE_BASE)
-    base[B + "models/olmoe/olmoe_layers.py"] = (
-        "from megatron.core.transformer.attention import SelfAttention\n"
-        "from megatron.core.transformer.spec_utils import ModuleSpec\n\n\n"
-        "class OlmoeQKNormAttention(SelfAttention):\n"
-        "    def forward(self, hidden_states):\n"
-        "        out = hidden_states * 2\n"
-        "        return out\n\n\n"
-        "def olmoe_layer_spec(config):\n"
-        "    return ModuleSpec(module=OlmoeQKNormAttention)\n")
-    base[OLMOE] = textwrap.dedent(BRIDGE_BASE[OLMOE]).replace(
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n",
-        "from megatron.bridge.models.gpt_provider import GPTModelProvider\n"
-        "from megatron.bridge.models.olmoe.olmoe_layers import olmoe_layer_spec\n").replace(
-        "        provider.num_moe_experts = hf_config.num_experts\n",
-        "        provider.num_moe_experts = hf_config.num_experts\n"
-        "        provider.transformer_layer_spec = olmoe_layer_spec\n")
-    return base
+    return _with_own_layers(OLMOE, B + "models/olmoe/olmoe_layers.py", "OlmoeQKNormAttention", "olmoe_layer_spec",
+                            "provider.num_moe_experts = hf_config.num_experts")
 
 
 def test_own_layer_code_of_a_family_that_only_builds_moe_models_involves_moe(tmp_path):
