@@ -67,10 +67,7 @@ def test_the_prefix_comes_off_across_blocks_partial_records_join_and_a_last_line
 
 
 def test_no_real_log_but_the_quoted_pastes_shows_a_paste_prefix():
-    folders = [real_logs(), ROOT / "bench" / "heldout-logs-s5", ROOT / "bench" / "heldout-logs-s6",
-               ROOT / "bench" / "heldout-logs-s7", ROOT / "bench" / "heldout-logs-s8",
-               ROOT / "bench" / "heldout-logs-s9", ROOT / "bench" / "heldout-logs-s10", ROOT / "bench" / "heldout-logs-s11",
-               ROOT / "tests" / "logs"]
+    folders = [real_logs(), *sorted((ROOT / "bench").glob("heldout-logs-s*")), ROOT / "tests" / "logs"]
     found = {}
     for folder in folders:
         for path in sorted(folder.rglob("*.log")):
