@@ -1,8 +1,8 @@
 """Benchmark: `invoke plan` against labelled real Megatron-Bridge commits.
 
     /work/venv/bin/python bench/plan_cases.py --bridge /path/to/Megatron-Bridge-clone \
-        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--s10 bench/plan-cases-s10.tsv] [--s11 ...] [--s12 ...] [--s13 ...] [--s14 ...] [--s15 ...] [--s16 ...] [--s17 ...] \
-        [--split dev|heldout|fresh|s5|s10|s11|s12|s13|s14|s15|s16|s17|all] \
+        [--cases ../shared/plan-cases.tsv] [--own bench/plan-cases-own.tsv] [--fresh bench/plan-cases-fresh.tsv] [--s5 bench/plan-cases-s5.tsv] [--s10 bench/plan-cases-s10.tsv] [--s11 ...] [--s12 ...] [--s13 ...] [--s14 ...] [--s15 ...] [--s16 ...] [--s17 ...] [--s18 ...] \
+        [--split dev|heldout|fresh|s5|s10|s11|s12|s13|s14|s15|s16|s17|s18|all] \
         [--verl /path/to/verl] [--extra 10] [--verbose]
 
 Two case files: the shared one (TSV: commit, kind, expected_levels, ...) and this project's own
@@ -29,7 +29,9 @@ session 21 (seed 20261204), labelled twice, blind, committed before the planner 
 and own-s16 (bench/plan-cases-s16.tsv: a tenth, 36 drawn the same way on 2026-12-07 (seed 20261207), labelled twice,
 blind, committed before the planner first ran on them, halved like s13) and own-s17 (bench/plan-cases-s17.tsv: an
 eleventh, 36 drawn the same way later on 2026-12-07 (seed 20261208) from the 152 models/ and peft/ commits no file
-listed, labelled once, blind, committed before the planner first ran on them, halved like s13).
+listed, labelled once, blind, committed before the planner first ran on them, halved like s13) and own-s18
+(bench/plan-cases-s18.tsv: a twelfth, 36 drawn the same way on 2026-12-08 (seed 20261209) from the 123 models/ and
+peft/ commits no file listed then, labelled once, blind, committed before the planner first ran on them, halved).
 Labels are judgements: bench/plan-cases-second.tsv (`--second`) labels the same own, fresh, s5, s10, s11, s12, s13, s14,
 s15 and s16 commits again, blind (session 8; s10 to s16 in sessions 10, 11, 12, 14, 16, 21 and on 2026-12-07), by helpers who saw neither the first labels nor the planner. Each
 group then also scores against the second labels and against their consensus (required: what both require;
@@ -72,10 +74,12 @@ OWN_SETS: dict[str, tuple[Path, str]] = {
     "s16": (ROOT / "bench" / "plan-cases-s16.tsv", "a tenth, split 's16' (2026-12-07, blind, random draw, halved)"),
     "s17": (ROOT / "bench" / "plan-cases-s17.tsv", "an eleventh, split 's17' (2026-12-07 late, blind, random draw, "
             "one labelling, halved)"),
+    "s18": (ROOT / "bench" / "plan-cases-s18.tsv", "a twelfth, split 's18' (2026-12-08, blind, random draw, "
+            "one labelling, halved)"),
 }
 SPLIT_SETS = [name for name in OWN_SETS if name != "own"]  # the sets that are a split of their own
 # sets whose misses were looked at in their odd-numbered rows only: each half is also scored apart
-HALVED = {"s11", "s13", "s14", "s15", "s16", "s17"}
+HALVED = {"s11", "s13", "s14", "s15", "s16", "s17", "s18"}
 HALVES = ("odd rows (looked at)", "even rows (never opened)")  # row 1, 3, ... / row 2, 4, ...
 
 

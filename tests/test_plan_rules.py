@@ -219,6 +219,23 @@ def test_moe_change_of_a_family_runs_on_that_familys_moe_checkpoint(tmp_path):
                                                         ("L4:moe", "allenai/OLMoE-1B-7B-0924")]
 
 
+def test_each_level_of_a_change_to_several_families_runs_on_a_family_it_is_about(tmp_path):
+    # Qwen 3 (dense, its own layers: the most-touched family) and OLMoE change together: the MoE level runs on
+    # OLMoE's checkpoint, not on a MoE checkpoint Qwen 3 does not have; the custom-layer level on Qwen 3's
+    base = _qwen_with_own_layers()
+    layers = B + "models/qwen/qwen3_layers.py"
+    change = {layers: base[layers].replace("out = hidden_states * 2", "out = hidden_states * 3"),
+              QWEN: base[QWEN].replace("provider.hidden_size = hf_config.hidden_size",
+                                       "provider.hidden_size = hf_config.hidden_size * 1"),
+              **edit(OLMOE, "provider.num_moe_experts = hf_config.num_experts",
+                   "provider.num_moe_experts = hf_config.n_routed_experts")}
+    plan = plan_for(tmp_path, change, base=base)
+    assert [h.family for h in plan.families][0] == "qwen3"
+    models = {e.key: e.model for e in plan.entries}
+    assert models["L4:moe"] == "allenai/OLMoE-1B-7B-0924"
+    assert models["L4:custom-layer"] == models["L0"] == plan.families[0].checkpoint
+
+
 def test_new_moe_family_gets_its_own_dummy_path_never_another_familys_model(tmp_path):
     new = B + "models/hyv9/hyv9_bridge.py"
     change = {

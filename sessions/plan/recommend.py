@@ -231,12 +231,29 @@ def _naming_family(change: Change, entry: Entry) -> tuple[FamilyHit, str] | None
     generic = _generic_model(entry)
     if not hits or any(generic in (h.checkpoint, h.moe_checkpoint) for h in hits):
         return None
-    moe = _needs_moe(entry)
-    # a public checkpoint of the kind the entry runs first (a small dense one unless MoE), the dummy path last
-    best = min(hits, key=lambda h: (h.dummy is not None, (h.moe_checkpoint is None) if moe
-                                    else (h.checkpoint in (None, h.moe_checkpoint))))
+    best = _best_family(hits, _needs_moe(entry))
     return best, (f"model of the {best.family} family: its own code ({best.files[0]}) names what the changed "
                   f"{entry.feature} code handles; {generic} does not, its run would not take the changed lines")
+
+
+def _best_family(hits: list[FamilyHit], moe: bool) -> FamilyHit:
+    """A public checkpoint of the kind the entry runs first (a small dense one unless MoE), the dummy path last;
+    among equals the first (the change's most-touched family)."""
+    return min(hits, key=lambda h: (h.dummy is not None, (h.moe_checkpoint is None) if moe
+                                    else (h.checkpoint in (None, h.moe_checkpoint))))
+
+
+def _entry_family(entry: Entry, families: list[FamilyHit]) -> FamilyHit | None:
+    """Of the change's families, the one an entry runs on: among those whose code its reasons are about (the
+    changed units' own files and the bridges serving them; for shared code, all of the change's), the best of the
+    kind it runs. A change to several
+    families (GLM-4.5's and GPT-OSS's bridges) runs GPT-OSS's quantized-weight level on GPT-OSS's checkpoint,
+    not on the most-touched family's dummy model: that run would never take the changed lines."""
+    names = {fam.name for r in entry.reasons for u in r.units
+             for path in [u.get("file", ""), *(f["file"] for f in u.get("served_by", []))]
+             if path and (fam := family_for(path)) is not None}
+    hits = [h for h in families if h.family in names] or families  # shared code: any family of the change runs it
+    return _best_family(hits, _needs_moe(entry)) if hits else None
 
 
 def _generic_model(entry: Entry) -> str:
@@ -549,9 +566,8 @@ def recommend(change: Change, analysis: Analysis | None = None) -> Plan:
     entries = [e for e in ordered if not e.optional]
     optional = [e for e in ordered if e.optional]
     families = detect_families(change, units)
-    primary = families[0] if families else None
     for e in entries + optional:
-        family = primary or _serving_family(change, e)
+        family = _entry_family(e, families) or _serving_family(change, e)
         found = []
         if family is None and (named := _naming_family(change, e)):
             family = named[0]
