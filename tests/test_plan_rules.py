@@ -788,6 +788,23 @@ def test_vision_only_change_of_a_vl_moe_family_is_vlm_not_moe(tmp_path):
     assert levels(plan_for(tmp_path / "lang", language, base=base)) == ["L0", "L4:moe", "L4:vlm"]
 
 
+def test_own_layer_code_of_a_vl_moe_family_is_its_vlm_run_not_a_moe_one(tmp_path):
+    # the VL family's Level 4 VLM run loads its MoE checkpoint; a text-only MoE family's same change is MoE
+    # (test_own_layer_code_of_a_family_that_only_builds_moe_models_involves_moe)
+    layer = ("from megatron.core.transformer.attention import SelfAttention\n\n\n"
+             "class StepVLAttention(SelfAttention):\n"
+             "    def forward(self, hidden_states):\n        return hidden_states * 2\n\n\n"
+             "def step_vl_layer_spec(config):\n    return StepVLAttention\n\n\n")
+    base = _one_bridge_family("step_vl", "StepVLBridge", "StepVLForConditionalGeneration",
+                              ["provider.num_moe_experts = hf_config.text_config.num_experts",
+                               "provider.transformer_layer_spec = step_vl_layer_spec"],
+                              ["language_model.layers.*.mlp.experts.*.up_proj.weight", "vision_model.ln_pre.weight"],
+                              before=layer)
+    rel = B + "models/step_vl/step_vl_bridge.py"
+    change = {rel: base[rel].replace("return hidden_states * 2", "return hidden_states * 3")}
+    assert levels(plan_for(tmp_path, change, base=base)) == ["L0", "L4:custom-layer", "L4:vlm"]
+
+
 def _family_with_quantized_checkpoint() -> dict[str, str]:
     return _one_bridge_family(
         "dsq", "DsqBridge", "DsqForCausalLM", ["provider.hidden_size = hf_config.hidden_size"],

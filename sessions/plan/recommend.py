@@ -358,8 +358,8 @@ def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = Non
     its own layer modules read or one only families with layers of their own set; none of these when the change
     only gains a parameter and hands it on (plumbing: where the parameter is used decides). Lines only moved involve nothing. `offered` collects the optional Level 4
     follow-ups (rule name → facts): a MoE run for a family that builds dense and MoE models. Any other own code verl
-    calls of a family that builds only MoE models (no dense family of the folder runs it) involves MoE, unless the
-    change is vision-only: it runs only inside MoE models."""
+    calls of a text-only family that builds only MoE models (no dense family of the folder runs it) involves MoE:
+    it runs only inside MoE models (a VL family's is its VLM run's, which loads the same checkpoint)."""
     if u.tier == "none" or (not u.served and u.tier == "api"):
         return {}  # new code nothing calls yet: shared, or in a family folder no registered bridge reaches
     if not u.served and u.family and u.tier != "calls":
@@ -382,9 +382,9 @@ def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = Non
     # vision side is involved only where the changed code is vision code itself (`touched`)
     vision_family_wide = not (u.family is None and u.served)
     vision_only = "vlm" in u.touched and not set(u.touched) - {"vlm"}
-    # a family's own code that no dense family runs (no own served family builds dense models: none lacks experts
-    # or branches on a MoE flag) runs only inside MoE models: the family's Level 0 already loads a MoE checkpoint
-    # at EP=1, and the MoE run is the one that exercises the change where the family's models live
+    # a text-only family's own code that no dense family runs (no own served family builds dense models: none lacks
+    # experts or branches on a MoE flag) runs only inside MoE models: the family's Level 0 already loads a MoE
+    # checkpoint at EP=1, and the MoE run is the Level 4 run of where the family's models live
     only_moe_families = all("moe" in f.get("builds", {}) and not f.get("moe_switch")
                             for f in u.served if f.get("own", True))
     for fam in u.served if u.tier in ("calls", "api") else ():
@@ -421,8 +421,10 @@ def involved_features(u: ChangedUnit, offered: dict[str, list[str]] | None = Non
                 take.setdefault("quantized", (
                     f"{fam['family']}'s HF weights are quantized and the change is on the way verl moves them "
                     f"({moving[0]})", builds["quantized"]))
-        if own and u.tier == "calls" and u.kind != "module" and "moe" in builds and only_moe_families \
-                and not vision_only and not u.passes_through:  # (module code: imports, tables; a call runs)
+        if own and u.tier == "calls" and u.kind != "module" and "moe" in builds and "vlm" not in feats \
+                and only_moe_families and not vision_only and not u.passes_through:
+            # (module code: imports, tables; a call runs.) A VL family's own code is its VLM run's, which loads
+            # the same MoE checkpoint: a VL model's forward or provide is vision-language integration
             take.setdefault("moe", (f"{fam['family']} builds experts in every model it builds and its own code "
                                     "changed: it runs only inside MoE models", builds["moe"]))
         if fam["layer"]:
