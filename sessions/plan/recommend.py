@@ -246,9 +246,9 @@ def _best_family(hits: list[FamilyHit], moe: bool) -> FamilyHit:
 def _entry_family(entry: Entry, families: list[FamilyHit]) -> FamilyHit | None:
     """Of the change's families, the one an entry runs on: among those whose code its reasons are about (the
     changed units' own files and the bridges serving them; for shared code, all of the change's), the best of the
-    kind it runs. A change to several
-    families (GLM-4.5's and GPT-OSS's bridges) runs GPT-OSS's quantized-weight level on GPT-OSS's checkpoint,
-    not on the most-touched family's dummy model: that run would never take the changed lines."""
+    kind it runs. A change to several families (GLM-4.5's and GPT-OSS's bridges) runs GPT-OSS's quantized-weight
+    level on GPT-OSS's checkpoint, not on the most-touched family's dummy model: that run would never take the
+    changed lines."""
     names = {fam.name for r in entry.reasons for u in r.units
              for path in [u.get("file", ""), *(f["file"] for f in u.get("served_by", []))]
              if path and (fam := family_for(path)) is not None}
@@ -268,20 +268,20 @@ def _needs_moe(entry: Entry) -> bool:
     return (entry.level == 2 and entry.variant == "moe") or (entry.level == 4 and entry.feature == "moe")
 
 
-def _entry_model(entry: Entry, primary: FamilyHit | None) -> tuple[str | None, dict | None]:
+def _entry_model(entry: Entry, family: FamilyHit | None) -> tuple[str | None, dict | None]:
     """The changed family's checkpoint with the changed modules (MoE apart); else that family's dummy path."""
     needs_moe = _needs_moe(entry)
-    if primary is None:  # shared code: one representative family with the feature runs it
+    if family is None:  # shared code: one representative family with the feature runs it
         return _generic_model(entry), None
     if needs_moe:
-        if primary.moe_checkpoint:
-            return primary.moe_checkpoint, None
-        return None, primary.dummy or {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
-                                       "MODEL_ID": f"<org>/<{primary.family} MoE checkpoint>",
-                                       "minimal_config": dict(plan_rules.MINIMAL_DUMMY_CONFIG)}
-    if primary.checkpoint is None:
-        return None, primary.dummy
-    return primary.checkpoint, None
+        if family.moe_checkpoint:
+            return family.moe_checkpoint, None
+        return None, family.dummy or {"USE_DUMMY_MODEL": "True", "DUMMY_MODEL_CONFIG_PATH": "<minimal_config.json>",
+                                      "MODEL_ID": f"<org>/<{family.family} MoE checkpoint>",
+                                      "minimal_config": dict(plan_rules.MINIMAL_DUMMY_CONFIG)}
+    if family.checkpoint is None:
+        return None, family.dummy
+    return family.checkpoint, None
 
 
 def _fires(rule: Rule, u: ChangedUnit, expert: bool = False) -> list[str]:
